@@ -1,0 +1,7 @@
+// What this build of libjax_w4a4.so contains, readable from Python through ctypes: the FFI targets
+// compiled in (so Python can check its lowering table against the binary).
+#include "common/ffi_util.h"
+
+extern "C" __attribute__((visibility("default"))) const char* JaxW4a4Targets() {
+  return "";
+}
