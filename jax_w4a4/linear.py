@@ -1,0 +1,47 @@
+"""``linear(x, weights)``: the quantized linear layer, dispatching on the weights type."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_w4a4 import ops
+from jax_w4a4.ops import checks
+from jax_w4a4.weights import QuantizedWeights, SVDQuantWeights, W4A16Weights
+
+
+def _check_input(x: jax.Array, weights: QuantizedWeights) -> None:
+    checks.at_least_1d("linear", "x", x)
+    if x.shape[-1] != weights.in_features:
+        checks.fail("linear", f"x.shape[-1] must be in_features={weights.in_features}, got {x.shape[-1]}")
+    if jnp.dtype(x.dtype) != weights.dtype:
+        checks.fail(
+            "linear",
+            f"x must have the layer's dtype {weights.dtype.name} (quantize_linear(..., dtype=...)), "
+            f"got {jnp.dtype(x.dtype).name}",
+        )
+
+
+def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
+    """Applies a quantized linear layer: ``(..., K) -> (..., N)`` in x's dtype.
+
+    W4A4 / W4A8 weights run the fused activation quantization then the W4A4 GEMM with the low-rank
+    branch; W4A16 weights run the weight-only GEMM. On a GPU these are the CUDA kernels, elsewhere the
+    reference math. Works under ``jax.jit``, ``jax.vmap`` and ``jax.export``.
+    """
+    if isinstance(weights, SVDQuantWeights):
+        _check_input(x, weights)
+        q_x, s_x, la = ops.act_quant(x, weights.smooth, weights.lora_down, act_format=weights.act_format)
+        return ops.w4a4_gemm(
+            q_x, s_x, la, weights.qweight, weights.wscales, weights.lora_up,
+            weights.alpha, weights.bias, act_format=weights.act_format,
+        )
+    if isinstance(weights, W4A16Weights):
+        _check_input(x, weights)
+        return ops.w4a16_gemm(
+            x, weights.qweight, weights.scales, weights.zeros, weights.g_idx, weights.bias,
+            group_size=weights.group_size,
+        )
+    raise TypeError(
+        f"jax_w4a4.linear: weights must be SVDQuantWeights or W4A16Weights, got {type(weights).__name__}"
+    )

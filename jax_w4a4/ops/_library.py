@@ -1,0 +1,103 @@
+"""Finding, loading and registering ``libjax_w4a4.so``, the CUDA kernels and their XLA FFI handlers.
+
+The library is Python-independent (plain C ABI), loaded with ctypes and registered with
+``jax.ffi.register_ffi_target`` the first time a primitive is lowered for CUDA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import jax
+
+LIBRARY_NAME = "libjax_w4a4.so"
+ENV_LIBRARY = "JAX_W4A4_LIBRARY"
+
+# The ops that have a CUDA kernel in this version: op name -> exported handler symbol. The FFI target
+# is "jax_w4a4_<op>". An op missing here fails its CUDA lowering with NotImplementedError.
+CUDA_KERNELS: dict[str, str] = {}
+
+
+def target_name(op: str) -> str:
+    return f"jax_w4a4_{op}"
+
+
+def _candidates() -> list[Path]:
+    package_dir = Path(__file__).resolve().parent.parent
+    repo_build = package_dir.parent / "build"
+    found = [package_dir / LIBRARY_NAME]
+    if repo_build.is_dir():
+        found += sorted(repo_build.glob(f"**/{LIBRARY_NAME}"))
+    return found
+
+
+def library_path() -> Path | None:
+    """Where the CUDA library is: ``$JAX_W4A4_LIBRARY``, else next to the package, else ``build/``."""
+    forced = os.environ.get(ENV_LIBRARY)
+    if forced:
+        path = Path(forced)
+        if not path.is_file():
+            raise FileNotFoundError(f"{ENV_LIBRARY}={forced} does not name a file")
+        return path
+    return next((p for p in _candidates() if p.is_file()), None)
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The loaded library, or None when it was not built (no nvcc at install time)."""
+    path = library_path()
+    return None if path is None else ctypes.cdll.LoadLibrary(str(path))
+
+
+def compiled_targets() -> list[str]:
+    """FFI target names compiled into the library (empty when there is no library)."""
+    lib = load()
+    if lib is None:
+        return []
+    lib.JaxW4a4Targets.restype = ctypes.c_char_p
+    return [name for name in lib.JaxW4a4Targets().decode().split(",") if name]
+
+
+def _cuda_backend_present() -> bool:
+    try:
+        return bool(jax.devices("cuda"))
+    except RuntimeError:
+        return False
+
+
+@functools.cache
+def register_cuda_targets() -> tuple[str, ...]:
+    """Registers the CUDA kernels compiled into the library with XLA; returns their op names.
+
+    Runs at import, so that deserialized ``jax.export`` modules find their targets too. Registering
+    for CUDA is harmless on a machine without a GPU.
+    """
+    compiled = set(compiled_targets())
+    registered = tuple(op for op in CUDA_KERNELS if target_name(op) in compiled)
+    for op in registered:
+        capsule = jax.ffi.pycapsule(getattr(load(), CUDA_KERNELS[op]))
+        jax.ffi.register_ffi_target(target_name(op), capsule, platform="CUDA")
+    return registered
+
+
+def require_cuda_target(op: str) -> None:
+    """Lowering-time check that a CUDA kernel exists for ``op`` and, on a GPU host, that it is loaded.
+
+    Lowering for CUDA on a host without the library (``jax.export`` on a CPU machine) is allowed.
+    """
+    if op not in CUDA_KERNELS:
+        raise NotImplementedError(
+            f"jax_w4a4.{op}: no CUDA kernel in this version of jax_w4a4; "
+            "run it on CPU (the reference path) or use an op that has one"
+        )
+    if op in register_cuda_targets() or not _cuda_backend_present():
+        return
+    if load() is None:
+        raise RuntimeError(
+            f"jax_w4a4.{op}: a CUDA device is present but {LIBRARY_NAME} was not found. Install the "
+            f"package on a machine with nvcc (CUDA 13) so CMake builds it, or point {ENV_LIBRARY} at a build."
+        )
+    raise RuntimeError(f"jax_w4a4.{op}: {library_path()} lacks the FFI target {target_name(op)}; rebuild it")

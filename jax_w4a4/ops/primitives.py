@@ -1,0 +1,298 @@
+"""The three fused ops as JAX primitives: abstract eval, lowerings (CUDA FFI, reference), batching.
+
+Every op is one :class:`FusedOp`: its abstract evaluation validates the operands (ValueError naming the
+argument and the expected value) and computes the result shapes; it lowers through
+``jax.ffi.ffi_lowering`` to ``jax_w4a4_<op>`` on CUDA and through :mod:`jax_w4a4.reference` everywhere
+else; its batching rule maps vmap onto the leading dims of the activations (or onto a loop over the
+batch when the weights themselves are batched). Operand order and layouts: ``docs/layouts.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax._src import dispatch
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jax_w4a4 import reference
+from jax_w4a4.formats import fp8, svdq, w4a16, w4a16_layout
+from jax_w4a4.ops import _library, checks
+
+ShapedArray = jax.core.ShapedArray
+EMPTY = (0,)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedOp:
+    """One fused op: a primitive plus the rules that make it a first-class JAX citizen.
+
+    Attributes:
+      name: op name; the primitive is ``jax_w4a4_<name>`` and so is its FFI target.
+      abstract_eval: validates operands, returns the result avals (a tuple iff multiple_results).
+      reference: the CPU (and non-CUDA) lowering, same operands and params as the primitive.
+      kernel_checks: extra trace-time checks of what the CUDA kernel serves (raises ValueError).
+      num_activations: the first operands that carry the leading (token) dims; the rest are weights.
+      num_results: how many arrays the primitive returns (more than one: it returns a tuple).
+    """
+
+    name: str
+    abstract_eval: Callable
+    reference: Callable
+    kernel_checks: Callable
+    num_activations: int
+    num_results: int
+
+    @property
+    def multiple_results(self) -> bool:
+        return self.num_results > 1
+
+    @functools.cached_property
+    def primitive(self) -> Primitive:
+        prim = Primitive(_library.target_name(self.name))
+        prim.multiple_results = self.multiple_results
+        prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+        prim.def_abstract_eval(self.abstract_eval)
+        mlir.register_lowering(prim, mlir.lower_fun(self.reference, self.multiple_results))
+        mlir.register_lowering(prim, self._cuda_lowering, platform="cuda")
+        batching.primitive_batchers[prim] = self._batch
+        return prim
+
+    def bind(self, *operands: jax.Array, **params):
+        return self.primitive.bind(*operands, **params)
+
+    def _cuda_lowering(self, ctx, *operands, **params):
+        _library.require_cuda_target(self.name)
+        self.kernel_checks(*ctx.avals_in, **params)
+        rule = jax.ffi.ffi_lowering(_library.target_name(self.name))
+        return rule(ctx, *operands, **params)
+
+    def _batch(self, operands, dims, **params):
+        not_mapped = None  # the batch dim of an operand that vmap does not map
+        size = next(x.shape[d] for x, d in zip(operands, dims) if d is not not_mapped)
+        weights_batched = any(d is not not_mapped for d in dims[self.num_activations :])
+        out_dims = (0,) * self.num_results if self.multiple_results else 0
+        if not weights_batched:
+            activations = [
+                jnp.moveaxis(x, d, 0) if d is not not_mapped else jnp.broadcast_to(x, (size, *x.shape))
+                for x, d in zip(operands[: self.num_activations], dims)
+            ]
+            return self.bind(*activations, *operands[self.num_activations :], **params), out_dims
+        # Batched weights (e.g. a vmap over stacked layers): one call per batch element.
+        batched = [jnp.moveaxis(x, d, 0) for x, d in zip(operands, dims) if d is not not_mapped]
+
+        def one(slices):
+            it = iter(slices)
+            return self.bind(*(next(it) if d is not not_mapped else x for x, d in zip(operands, dims)), **params)
+
+        return lax.map(one, batched), out_dims
+
+
+# --------------------------------------------------------------------------------------------------
+# act_quant
+
+
+def _act_group(act_format: str) -> int:
+    return fp8.GROUP_SIZE if act_format == "fp8" else svdq.GROUP_SIZE
+
+
+def _act_quant_abstract(x, smooth, lora_down, *, act_format):
+    op = "act_quant"
+    checks.one_of(op, "act_format", act_format, reference.ACT_FORMATS)
+    checks.at_least_1d(op, "x", x)
+    checks.dtype_in(op, "x", x, checks.HALF_DTYPES)
+    k = x.shape[-1]
+    group = _act_group(act_format)
+    checks.multiple_of(op, "x.shape[-1] (K)", k, group, f" for act_format={act_format!r}")
+    checks.shape_is(op, "smooth", smooth, (k,))
+    checks.dtype_in(op, "smooth", smooth, [jnp.float32])
+    checks.ndim_is(op, "lora_down", lora_down, 2)
+    checks.shape_is(op, "lora_down", lora_down, (k, lora_down.shape[1]))
+    checks.dtype_in(op, "lora_down", lora_down, [x.dtype])
+    r = lora_down.shape[1]
+    checks.rank(op, "lora_down.shape[1]", r)
+    lead = x.shape[:-1]
+    if act_format == "fp8":
+        q = ShapedArray((*lead, k), jnp.uint8)
+        scales = ShapedArray((*lead, k // group), jnp.float32)
+    else:
+        q = ShapedArray((*lead, k // 2), jnp.uint8)
+        scales = ShapedArray((*lead, k // group), x.dtype)
+    return q, scales, ShapedArray((*lead, r), jnp.float32)
+
+
+def _no_kernel_checks(*avals, **params) -> None:
+    del avals, params
+
+
+ACT_QUANT = FusedOp(
+    name="act_quant",
+    abstract_eval=_act_quant_abstract,
+    reference=reference.act_quant,
+    kernel_checks=_no_kernel_checks,
+    num_activations=1,
+    num_results=3,
+)
+
+
+def act_quant(
+    x: jax.Array, smooth: jax.Array, lora_down: jax.Array, *, act_format: str
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Fused smoothing + activation quantization + low-rank down projection (``LA = X · L_down``).
+
+    See :func:`jax_w4a4.reference.act_quant` for the math and ``docs/layouts.md`` for the layouts.
+    """
+    return tuple(ACT_QUANT.bind(x, smooth, lora_down, act_format=act_format))
+
+
+# --------------------------------------------------------------------------------------------------
+# w4a4_gemm
+
+
+def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
+    op = "w4a4_gemm"
+    checks.one_of(op, "act_format", act_format, reference.ACT_FORMATS)
+    checks.ndim_is(op, "qweight", qweight, 2)
+    checks.dtype_in(op, "qweight", qweight, [jnp.uint8])
+    n, k = qweight.shape[0], 2 * qweight.shape[1]
+    group = _act_group(act_format)
+    checks.multiple_of(op, "K (2 * qweight.shape[1])", k, group, f" for act_format={act_format!r}")
+    checks.dtype_in(op, "wscales", wscales, checks.HALF_DTYPES)
+    checks.shape_is(op, "wscales", wscales, (n, k // svdq.GROUP_SIZE))
+    out_dtype = wscales.dtype
+    for name, value in (("q_x", q_x), ("s_x", s_x), ("la", la)):
+        checks.at_least_1d(op, name, value)
+    lead = checks.same_leading_dims(op, ("q_x", "s_x", "la"), (q_x, s_x, la))
+    checks.dtype_in(op, "q_x", q_x, [jnp.uint8])
+    checks.shape_is(op, "q_x", q_x, (*lead, k if act_format == "fp8" else k // 2))
+    checks.shape_is(op, "s_x", s_x, (*lead, k // group))
+    checks.dtype_in(op, "s_x", s_x, [jnp.float32] if act_format == "fp8" else [out_dtype])
+    checks.ndim_is(op, "lora_up", lora_up, 2)
+    r = lora_up.shape[0]
+    checks.rank(op, "lora_up.shape[0]", r)
+    checks.shape_is(op, "lora_up", lora_up, (r, n))
+    checks.dtype_in(op, "lora_up", lora_up, [out_dtype])
+    checks.shape_is(op, "la", la, (*lead, r))
+    checks.dtype_in(op, "la", la, [jnp.float32])
+    checks.optional_vector(op, "alpha", alpha, n, [jnp.float32])
+    checks.optional_vector(op, "bias", bias, n, [out_dtype])
+    return ShapedArray((*lead, n), out_dtype)
+
+
+W4A4_TILE_N = 128
+W4A4_TILE_K = 128
+
+
+def _w4a4_gemm_kernel_checks(q_x, s_x, la, qweight, *rest, act_format):
+    op = "w4a4_gemm"
+    why = " (the CUDA kernel's tile; pad the layer or run it on CPU)"
+    checks.multiple_of(op, "N (qweight.shape[0])", qweight.shape[0], W4A4_TILE_N, why)
+    checks.multiple_of(op, "K (2 * qweight.shape[1])", 2 * qweight.shape[1], W4A4_TILE_K, why)
+
+
+W4A4_GEMM = FusedOp(
+    name="w4a4_gemm",
+    abstract_eval=_w4a4_gemm_abstract,
+    reference=reference.w4a4_gemm,
+    kernel_checks=_w4a4_gemm_kernel_checks,
+    num_activations=3,
+    num_results=1,
+)
+
+
+def _empty(dtype) -> jax.Array:
+    return jnp.zeros(EMPTY, dtype)
+
+
+def w4a4_gemm(
+    q_x: jax.Array,
+    s_x: jax.Array,
+    la: jax.Array,
+    qweight: jax.Array,
+    wscales: jax.Array,
+    lora_up: jax.Array,
+    alpha: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    *,
+    act_format: str,
+) -> jax.Array:
+    """W4A4 GEMM with per-group scales, fused low-rank up projection, per-column α and bias β.
+
+    See :func:`jax_w4a4.reference.w4a4_gemm` for the math and ``docs/layouts.md`` for the layouts.
+    """
+    alpha = _empty(jnp.float32) if alpha is None else alpha
+    bias = _empty(wscales.dtype) if bias is None else bias
+    return W4A4_GEMM.bind(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, act_format=act_format)
+
+
+# --------------------------------------------------------------------------------------------------
+# w4a16_gemm
+
+
+def _w4a16_gemm_abstract(x, qweight, scales, zeros, g_idx, bias, *, group_size):
+    op = "w4a16_gemm"
+    checks.at_least_1d(op, "x", x)
+    checks.dtype_in(op, "x", x, checks.HALF_DTYPES)
+    k = x.shape[-1]
+    checks.ndim_is(op, "scales", scales, 2)
+    n, groups = scales.shape
+    if group_size != k:
+        checks.one_of(op, "group_size", group_size, (*w4a16.GROUP_SIZES, k))
+    checks.multiple_of(op, "x.shape[-1] (K)", k, group_size, f" for group_size={group_size}")
+    checks.shape_is(op, "scales", scales, (n, k // group_size))
+    checks.dtype_in(op, "scales", scales, [x.dtype])
+    checks.shape_is(op, "qweight", qweight, w4a16_layout.prepacked_shape(n, k))
+    checks.dtype_in(op, "qweight", qweight, [w4a16_layout.PREPACKED_DTYPE])
+    if zeros.shape != EMPTY:
+        checks.shape_is(op, "zeros", zeros, (n, groups))
+        checks.dtype_in(op, "zeros", zeros, [jnp.uint8])
+    checks.optional_vector(op, "g_idx", g_idx, k, [jnp.int32])
+    checks.optional_vector(op, "bias", bias, n, [x.dtype])
+    return ShapedArray((*x.shape[:-1], n), x.dtype)
+
+
+def _w4a16_gemm_kernel_checks(x, qweight, scales, *rest, group_size):
+    w4a16_layout.check_shape(scales.shape[0], x.shape[-1], group_size)
+
+
+def _w4a16_gemm_reference(x, qweight, scales, zeros, g_idx, bias, *, group_size):
+    logical = w4a16_layout.unprepack(qweight, scales.shape[0], x.shape[-1])
+    return reference.w4a16_gemm(x, logical, scales, zeros, g_idx, bias, group_size=group_size)
+
+
+W4A16_GEMM = FusedOp(
+    name="w4a16_gemm",
+    abstract_eval=_w4a16_gemm_abstract,
+    reference=_w4a16_gemm_reference,
+    kernel_checks=_w4a16_gemm_kernel_checks,
+    num_activations=1,
+    num_results=1,
+)
+
+
+def w4a16_gemm(
+    x: jax.Array,
+    qweight: jax.Array,
+    scales: jax.Array,
+    zeros: jax.Array | None = None,
+    g_idx: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    *,
+    group_size: int,
+) -> jax.Array:
+    """``Y = X · dequant(Q(W))ᵀ + β`` with ``qweight`` in the kernel layout of :mod:`formats.w4a16_layout`.
+
+    ``group_size`` is the real group size (K for per-channel).
+    """
+    zeros = _empty(jnp.uint8) if zeros is None else zeros
+    g_idx = _empty(jnp.int32) if g_idx is None else g_idx
+    bias = _empty(x.dtype) if bias is None else bias
+    return W4A16_GEMM.bind(x, qweight, scales, zeros, g_idx, bias, group_size=group_size)
+
+
+ALL_OPS: Sequence[FusedOp] = (ACT_QUANT, W4A4_GEMM, W4A16_GEMM)

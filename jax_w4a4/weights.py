@@ -1,0 +1,197 @@
+"""Quantized weights as registered pytrees, and round-to-nearest quantization of a linear layer.
+
+``W`` is ``(N, K)`` = (out_features, in_features), the torch / Nunchaku orientation (a Flax
+``nnx.Linear`` kernel is its transpose). Calibration-based SVDQuant and GPTQ live in
+``jax_w4a4.quantize`` (offline quantization); here every mode is plain RTN, with the SVD low-rank
+branch (data-free) for the W4A4 modes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from jax_w4a4.formats import fp8, svdq, w4a16, w4a16_layout
+from jax_w4a4.ops import checks
+
+Mode = Literal["svdq-int4", "w4a8", "w4a16"]
+MODES: tuple[str, ...] = ("svdq-int4", "w4a8", "w4a16")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SVDQuantWeights:
+    """W4A4 (or W4A8) weights with a low-rank branch: ``Y = α ⊙ Q(X̂)·Q(R)ᵀ + (X·L_down)·L_up + β``.
+
+    Attributes:
+      qweight: ``(N, K/2)`` uint8, packed signed int4 residual weights.
+      wscales: ``(N, K/64)`` bf16/fp16 group scales; their dtype is the layer's dtype.
+      smooth: ``(K,)`` fp32 smoothing factors λ (activations are divided by λ before quantization).
+      lora_down: ``(K, r)`` low-rank down projection, layer dtype (r = 0: no branch).
+      lora_up: ``(r, N)`` low-rank up projection, layer dtype.
+      alpha: ``(N,)`` fp32 per-column scale of the quantized product, or None.
+      bias: ``(N,)`` bias in the layer dtype, or None.
+      act_format: ``"int4"``, ``"uint4"`` (non-negative inputs) or ``"fp8"`` (the w4a8 mode). Static.
+    """
+
+    qweight: jax.Array
+    wscales: jax.Array
+    smooth: jax.Array
+    lora_down: jax.Array
+    lora_up: jax.Array
+    alpha: jax.Array | None = None
+    bias: jax.Array | None = None
+    act_format: str = dataclasses.field(default="int4", metadata=dict(static=True))
+
+    @property
+    def in_features(self) -> int:
+        return self.qweight.shape[1] * 2
+
+    @property
+    def out_features(self) -> int:
+        return self.qweight.shape[0]
+
+    @property
+    def rank(self) -> int:
+        return self.lora_down.shape[1]
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.wscales.dtype)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class W4A16Weights:
+    """Weight-only int4 (GPTQ / AWQ / MARLIN semantics): ``Y = X · Ŵᵀ + β``, ``Ŵ = (q − z)·s``.
+
+    Attributes:
+      qweight: uint4 weights in the kernel's prepacked layout (:mod:`jax_w4a4.formats.w4a16_layout`;
+        ``unprepack`` recovers the logical ``(N, K/2)`` layout bit for bit).
+      scales: ``(N, K/G)`` group scales; their dtype (bf16/fp16) is the layer's dtype.
+      zeros: ``(N, K/G)`` uint8 zero points 0..15 (AWQ), or None for symmetric (z = 8).
+      g_idx: ``(K,)`` int32 group of every input feature (act-order), or None.
+      bias: ``(N,)`` bias in the layer dtype, or None.
+      group_size: the group size G along K (K itself for per-channel). Static.
+    """
+
+    qweight: jax.Array
+    scales: jax.Array
+    zeros: jax.Array | None = None
+    g_idx: jax.Array | None = None
+    bias: jax.Array | None = None
+    group_size: int = dataclasses.field(default=128, metadata=dict(static=True))
+
+    @property
+    def in_features(self) -> int:
+        return self.group_size * self.scales.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.scales.shape[0]
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.scales.dtype)
+
+
+QuantizedWeights = SVDQuantWeights | W4A16Weights
+
+
+def _register_for_export(cls: type) -> None:
+    """Lets ``jax.export`` serialize functions that take the weights as arguments (static fields as JSON)."""
+    jax.export.register_pytree_node_serialization(
+        cls,
+        serialized_name=f"jax_w4a4.{cls.__name__}",
+        serialize_auxdata=lambda static: json.dumps(list(static)).encode(),
+        deserialize_auxdata=lambda data: tuple(json.loads(data)),
+    )
+
+
+_register_for_export(SVDQuantWeights)
+_register_for_export(W4A16Weights)
+
+
+def _low_rank_split(w_hat: jax.Array, rank: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Top-r SVD of the smoothed weight: returns (U_r S_r, V_r, residual Ŵ − U_r S_r V_rᵀ)."""
+    if rank == 0:
+        n, k = w_hat.shape
+        return jnp.zeros((n, 0), w_hat.dtype), jnp.zeros((k, 0), w_hat.dtype), w_hat
+    u, s, vt = jnp.linalg.svd(w_hat, full_matrices=False)
+    us = u[:, :rank] * s[:rank]
+    v = vt[:rank].T
+    return us, v, w_hat - us @ v.T
+
+
+def quantize_linear(
+    w: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    mode: Mode = "svdq-int4",
+    rank: int = 32,
+    smooth: jax.Array | None = None,
+    unsigned_activations: bool = False,
+    group_size: int = 128,
+    zero_point: bool = False,
+    g_idx: jax.Array | None = None,
+    dtype: jnp.dtype = jnp.bfloat16,
+) -> QuantizedWeights:
+    """Quantizes a linear layer ``Y = X·Wᵀ + bias`` with round-to-nearest.
+
+    Args:
+      w: ``(N, K)`` float weights (out_features, in_features).
+      bias: optional ``(N,)`` bias.
+      mode: ``"svdq-int4"`` (W4A4 + low-rank), ``"w4a8"`` (same weights, fp8 activations) or
+        ``"w4a16"`` (weight-only int4).
+      rank: low-rank branch rank r for the W4A4 modes (multiple of 16, ≤ 256; 0 disables it).
+      smooth: optional ``(K,)`` positive smoothing factors λ for the W4A4 modes (default: ones).
+      unsigned_activations: svdq-int4 only: quantize activations as uint4 (inputs must be ≥ 0).
+      group_size: w4a16 group size: 32, 64, 128, or -1 for per-channel.
+      zero_point: w4a16 only: asymmetric (AWQ) zero points instead of symmetric (GPTQ, z = 8).
+      g_idx: w4a16 only: optional ``(K,)`` int32 act-order group index.
+      dtype: the layer's compute dtype, bf16 or fp16; inputs to :func:`linear` must have it.
+
+    Returns:
+      :class:`SVDQuantWeights` or :class:`W4A16Weights`.
+    """
+    op = "quantize_linear"
+    checks.one_of(op, "mode", mode, MODES)
+    checks.one_of(op, "dtype", jnp.dtype(dtype), checks.HALF_DTYPES)
+    if w.ndim != 2:
+        checks.fail(op, f"w must be 2-D (N, K) = (out_features, in_features), got shape {tuple(w.shape)}")
+    n, k = w.shape
+    if bias is not None:
+        checks.shape_is(op, "bias", bias, (n,))
+        bias = bias.astype(dtype)
+    w = w.astype(jnp.float32)
+    if mode == "w4a16":
+        q = w4a16.quantize(w, group_size=group_size, zero_point=zero_point, scale_dtype=dtype, g_idx=g_idx)
+        return W4A16Weights(
+            qweight=w4a16_layout.prepack(q.qweight),
+            scales=q.scales,
+            zeros=q.zeros,
+            g_idx=None if g_idx is None else g_idx.astype(jnp.int32),
+            bias=bias,
+            group_size=k if group_size == -1 else group_size,
+        )
+    checks.rank(op, "rank", rank)
+    act_group = fp8.GROUP_SIZE if mode == "w4a8" else svdq.GROUP_SIZE
+    checks.multiple_of(op, "K (w.shape[1])", k, act_group, f" for mode={mode!r}")
+    smooth = jnp.ones((k,), jnp.float32) if smooth is None else smooth.astype(jnp.float32)
+    checks.shape_is(op, "smooth", smooth, (k,))
+    us, v, residual = _low_rank_split(w * smooth, rank)
+    qweight, wscales = svdq.quantize_weights(residual, scale_dtype=dtype)
+    act_format = "fp8" if mode == "w4a8" else ("uint4" if unsigned_activations else "int4")
+    return SVDQuantWeights(
+        qweight=qweight,
+        wscales=wscales,
+        smooth=smooth,
+        lora_down=(v / smooth[:, None]).astype(dtype),
+        lora_up=us.T.astype(dtype),
+        bias=bias,
+        act_format=act_format,
+    )

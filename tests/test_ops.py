@@ -1,0 +1,174 @@
+"""The primitives: trace-time validation, jit / vmap / export, and the golden CUDA lowering."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_w4a4
+from jax_w4a4 import ops, reference
+from jax_w4a4.formats import svdq, w4a16, w4a16_layout
+from jax_w4a4.ops import _library
+
+BF16 = jnp.bfloat16
+N, K, R = 128, 256, 16
+
+
+def _operands(rng, lead=(4,), act_format="int4"):
+    x = jnp.asarray(rng.standard_normal((*lead, K)), BF16)
+    smooth = jnp.asarray(rng.uniform(0.5, 2, K), jnp.float32)
+    lora_down = jnp.asarray(rng.standard_normal((K, R)) * 0.1, BF16)
+    qweight, wscales = svdq.quantize_weights(jnp.asarray(rng.standard_normal((N, K)), jnp.float32), scale_dtype=BF16)
+    lora_up = jnp.asarray(rng.standard_normal((R, N)) * 0.1, BF16)
+    return x, smooth, lora_down, qweight, wscales, lora_up
+
+
+def _w4a16_operands(rng, lead=(4,), group_size=64):
+    x = jnp.asarray(rng.standard_normal((*lead, K)), BF16)
+    q = w4a16.quantize(jnp.asarray(rng.standard_normal((N, K)), jnp.float32), group_size=group_size,
+                       zero_point=True, scale_dtype=BF16)
+    return x, w4a16_layout.prepack(q.qweight), q.scales, q.zeros
+
+
+def _w4a4(x, smooth, lora_down, qweight, wscales, lora_up, act_format="int4"):
+    q, s, la = ops.act_quant(x, smooth, lora_down, act_format=act_format)
+    return ops.w4a4_gemm(q, s, la, qweight, wscales, lora_up, act_format=act_format)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+def _bad_inputs(rng):
+    x, smooth, ld, qw, ws, lu = _operands(rng)
+    xw, qw16, s16, z16 = _w4a16_operands(rng)
+    q, s, la = ops.act_quant(x, smooth, ld, act_format="int4")
+    gemm = functools.partial(ops.w4a4_gemm, act_format="int4")
+    aq = functools.partial(ops.act_quant, act_format="int4")
+    g16 = functools.partial(ops.w4a16_gemm, group_size=64)
+    return [
+        (lambda: ops.act_quant(x, smooth, ld, act_format="int2"), r"act_format must be one of"),
+        (lambda: aq(x.astype(jnp.float32), smooth, ld), r"x must have dtype bfloat16 or float16, got float32"),
+        (lambda: aq(x[..., :200], smooth[:200], ld[:200]), r"x.shape\[-1\] \(K\) must be a multiple of 64"),
+        (lambda: ops.act_quant(x[..., :192], smooth[:192], ld[:192], act_format="fp8"), r"multiple of 128 for act_format='fp8'"),
+        (lambda: aq(x, smooth[:128], ld), r"smooth must have shape \(256,\), got \(128,\)"),
+        (lambda: aq(x, smooth.astype(BF16), ld), r"smooth must have dtype float32"),
+        (lambda: aq(x, smooth, ld[:, :8]), r"rank r\) must be a multiple of 16"),
+        (lambda: aq(x, smooth, ld.astype(jnp.float16)), r"lora_down must have dtype bfloat16"),
+        (lambda: gemm(q, s, la, qw.astype(jnp.int8), ws, lu), r"qweight must have dtype uint8"),
+        (lambda: gemm(q, s, la, qw, ws[:, :2], lu), r"wscales must have shape \(128, 4\)"),
+        (lambda: gemm(q[:2], s, la, qw, ws, lu), r"s_x must have leading dims \(2,\)"),
+        (lambda: gemm(q, s, la, qw, ws, lu[:, :64]), r"lora_up must have shape \(16, 128\)"),
+        (lambda: gemm(q, s, la[:, :0], qw, ws, lu), r"la must have shape \(4, 16\)"),
+        (lambda: gemm(q, s, la, qw, ws, lu, alpha=jnp.ones(N, BF16)), r"alpha must have dtype float32"),
+        (lambda: gemm(q, s, la, qw, ws, lu, bias=jnp.ones(64, BF16)), r"bias must have shape \(128,\)"),
+        (lambda: ops.w4a4_gemm(q, s, la, qw, ws, lu, act_format="fp8"), r"q_x must have shape \(4, 256\)"),
+        (lambda: g16(xw, qw16, s16, z16, group_size=48), r"group_size must be one of"),
+        (lambda: g16(xw, qw16, s16.astype(jnp.float16), z16), r"scales must have dtype bfloat16"),
+        (lambda: g16(xw, qw16, s16, z16[:, :1]), r"zeros must have shape \(128, 4\)"),
+        (lambda: g16(xw, qw16, s16, z16, g_idx=jnp.zeros(K, jnp.int64 if jax.config.x64_enabled else jnp.float32)), r"g_idx must have dtype int32"),
+        (lambda: g16(xw[..., :128], qw16, s16, z16), r"scales must have shape \(128, 2\)"),
+    ]
+
+
+def test_bad_inputs_raise_value_error_naming_the_argument(rng):
+    cases = _bad_inputs(rng)
+    for fn, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            jax.jit(fn).trace()
+
+
+# ---------------------------------------------------------------------------------------------- transforms
+
+def test_eager_jit_and_reference_agree(rng):
+    args = _operands(rng)
+    eager = _w4a4(*args)
+    jitted = jax.jit(_w4a4)(*args)
+    q, s, la = reference.act_quant(args[0], args[1], args[2], act_format="int4")
+    ref = reference.w4a4_gemm(q, s, la, *args[3:], act_format="int4")
+    np.testing.assert_array_equal(np.asarray(eager, np.float32), np.asarray(ref, np.float32))
+    np.testing.assert_array_equal(np.asarray(jitted, np.float32), np.asarray(ref, np.float32))
+
+
+@pytest.mark.parametrize("act_format", ["int4", "fp8"])
+def test_vmap_over_activations_matches_leading_dims(rng, act_format):
+    x, smooth, ld, qw, ws, lu = _operands(rng, lead=(3, 5))
+    f = functools.partial(_w4a4, act_format=act_format)
+    whole = f(x, smooth, ld, qw, ws, lu)
+    mapped = jax.vmap(f, in_axes=(1, None, None, None, None, None), out_axes=1)(x, smooth, ld, qw, ws, lu)
+    np.testing.assert_array_equal(np.asarray(mapped, np.float32), np.asarray(whole, np.float32))
+
+
+def test_vmap_over_stacked_weights(rng):
+    layers = [_operands(rng) for _ in range(3)]
+    x = layers[0][0]
+    stacked = [jnp.stack(parts) for parts in zip(*layers)]
+    mapped = jax.vmap(_w4a4, in_axes=(None, 0, 0, 0, 0, 0))(x, *stacked[1:])
+    for i, (_, smooth, ld, qw, ws, lu) in enumerate(layers):
+        np.testing.assert_array_equal(np.asarray(mapped[i], np.float32), np.asarray(_w4a4(x, smooth, ld, qw, ws, lu), np.float32))
+
+
+def test_vmap_w4a16(rng):
+    x, qw, s, z = _w4a16_operands(rng, lead=(2, 3))
+    f = functools.partial(ops.w4a16_gemm, group_size=64)
+    whole = f(x, qw, s, z)
+    mapped = jax.vmap(f, in_axes=(1, None, None, None), out_axes=1)(x, qw, s, z)
+    np.testing.assert_array_equal(np.asarray(mapped, np.float32), np.asarray(whole, np.float32))
+
+
+# ---------------------------------------------------------------------------------------------- lowering
+
+def _op_calls(rng):
+    x, smooth, ld, qw, ws, lu = _operands(rng)
+    q, s, la = ops.act_quant(x, smooth, ld, act_format="uint4")
+    xw, qw16, s16, z16 = _w4a16_operands(rng)
+    return {
+        "act_quant": (functools.partial(ops.act_quant, act_format="uint4"), (x, smooth, ld), 'act_format = "uint4"'),
+        "w4a4_gemm": (functools.partial(ops.w4a4_gemm, act_format="uint4"), (q, s, la, qw, ws, lu), 'act_format = "uint4"'),
+        "w4a16_gemm": (functools.partial(ops.w4a16_gemm, group_size=64), (xw, qw16, s16, z16), "group_size = 64 : i64"),
+    }
+
+
+@pytest.mark.parametrize("op", [o.name for o in ops.ALL_OPS])
+def test_cuda_lowering_golden_or_not_implemented(rng, op):
+    fn, args, attribute = _op_calls(rng)[op]
+    lower = lambda: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()  # noqa: E731
+    if op not in _library.CUDA_KERNELS:
+        with pytest.raises(NotImplementedError, match=f"jax_w4a4.{op}: no CUDA kernel"):
+            lower()
+        return
+    text = lower()
+    call = re.search(rf"stablehlo.custom_call @jax_w4a4_{op}\(.*", text)
+    assert call, text
+    assert "api_version = 4" in call.group(0)
+    assert attribute in call.group(0)
+
+
+def test_cpu_lowering_has_no_custom_call(rng):
+    for op, (fn, args, _) in _op_calls(rng).items():
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",)).as_text()
+        assert "custom_call @jax_w4a4" not in text, op
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+def _platforms():
+    have_all = all(o.name in _library.CUDA_KERNELS for o in ops.ALL_OPS)
+    return ("cpu", "cuda") if have_all else ("cpu",)
+
+
+def test_export_round_trip(rng):
+    args = _operands(rng)
+    exported = jax.export.export(
+        jax.jit(_w4a4), platforms=_platforms(), disabled_checks=jax_w4a4.export_safety_checks()
+    )(*args)
+    restored = jax.export.deserialize(exported.serialize())
+    np.testing.assert_array_equal(np.asarray(restored.call(*args), np.float32), np.asarray(_w4a4(*args), np.float32))
+
+
+def test_library_table_matches_the_binary():
+    """Every op the Python side lowers to CUDA is compiled into the library, and nothing else."""
+    if _library.load() is None:
+        pytest.skip("the CUDA library is not built here (no nvcc at install time)")
+    assert set(_library.compiled_targets()) == {_library.target_name(op) for op in _library.CUDA_KERNELS}
