@@ -25,13 +25,14 @@ def target_name(op: str) -> str:
     return f"jax_w4a4_{op}"
 
 
-def _candidates() -> list[Path]:
+def find_shared_library(name: str) -> Path | None:
+    """A library built by CMake: next to the package (installed), else anywhere under the repo's build/."""
     package_dir = Path(__file__).resolve().parent.parent
+    candidates = [package_dir / name]
     repo_build = package_dir.parent / "build"
-    found = [package_dir / LIBRARY_NAME]
     if repo_build.is_dir():
-        found += sorted(repo_build.glob(f"**/{LIBRARY_NAME}"))
-    return found
+        candidates += sorted(repo_build.glob(f"**/{name}"))
+    return next((p for p in candidates if p.is_file()), None)
 
 
 def library_path() -> Path | None:
@@ -42,7 +43,7 @@ def library_path() -> Path | None:
         if not path.is_file():
             raise FileNotFoundError(f"{ENV_LIBRARY}={forced} does not name a file")
         return path
-    return next((p for p in _candidates() if p.is_file()), None)
+    return find_shared_library(LIBRARY_NAME)
 
 
 @functools.cache

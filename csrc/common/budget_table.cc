@@ -1,0 +1,98 @@
+// Host-only libjax_w4a4_budget.so: the kernels' compile-time shared-memory plans, readable from Python
+// (python -m jax_w4a4.budget, tests/test_budget.py) on any machine, GPU or not. It includes the same
+// plan headers the kernels static_assert, so what is printed is what is compiled.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "kernels/sm90/w4a4_gemm_plan.h"
+
+namespace {
+
+using jax_w4a4::budget::Lifetime;
+using jax_w4a4::budget::Sharing;
+using jax_w4a4::sm90::W4A4Plan;
+
+const char* LifetimeName(Lifetime l) {
+  switch (l) {
+    case Lifetime::kMainLoop: return "main K-stage";
+    case Lifetime::kLowRank: return "low-rank stage";
+    case Lifetime::kEpilogue: return "epilogue";
+    case Lifetime::kKernel: return "kernel";
+  }
+  return "?";
+}
+
+std::string Describe(const W4A4Plan& p) {
+  char line[256];
+  std::string out;
+  const auto& s = p.shape;
+  std::snprintf(line, sizeof line,
+                "w4a4_gemm sm90: tile %d cols x %d tokens x %d k, cluster %d, low-rank chunk %d, "
+                "activations %d-bit\n",
+                s.tile_n, s.tile_m, jax_w4a4::sm90::kW4A4TileK, s.cluster, s.lora_chunk, s.act_value_bits);
+  out += line;
+  std::snprintf(line, sizeof line, "  %-32s %10s %7s %10s %10s %-10s %s\n", "object", "bytes", "stages",
+                "footprint", "issued", "multicast", "lifetime");
+  out += line;
+  for (const auto& o : p.objects) {
+    std::snprintf(line, sizeof line, "  %-32s %10lld %7d %10lld %10lld %-10s %s\n", o.name,
+                  static_cast<long long>(o.bytes), o.stages, static_cast<long long>(o.footprint()),
+                  static_cast<long long>(o.issued_bytes(s.cluster)),
+                  o.sharing == Sharing::kMulticast ? "yes" : "no", LifetimeName(o.lifetime));
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "  total %lld of %lld bytes; main stages %d (tx %lld B/stage, issued %lld B/stage/CTA), "
+                "low-rank stages %d%s\n",
+                static_cast<long long>(p.total_bytes()), static_cast<long long>(jax_w4a4::budget::kSmemPerBlockSm90),
+                p.main_stages, static_cast<long long>(p.main_stage_tx_bytes()),
+                static_cast<long long>(p.main_stage_issued_bytes()), p.lora_stages, p.fits() ? "" : "  ** DOES NOT FIT **");
+  out += line;
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
+  static const std::string table = [] {
+    std::string t;
+    for (const auto& shape : jax_w4a4::sm90::kW4A4Shapes) t += Describe(jax_w4a4::sm90::SolveW4A4Plan(shape)) + "\n";
+    return t;
+  }();
+  return table.c_str();
+}
+
+// The solved plan for any shape, flattened for ctypes: out[0..5] = main_stages, lora_stages, total bytes,
+// main-stage bytes, main-stage tx bytes, main-stage issued bytes; then per object 7 values: bytes, stages,
+// sharing, lifetime, footprint, issued bytes, expected tx bytes. Returns the number of objects.
+__attribute__((visibility("default"))) int JaxW4a4W4A4Plan(int tile_n, int tile_m, int cluster, int lora_chunk,
+                                                            int act_value_bits, int64_t* out) {
+  const W4A4Plan p = jax_w4a4::sm90::SolveW4A4Plan({tile_n, tile_m, cluster, lora_chunk, act_value_bits});
+  int64_t* o = out;
+  *o++ = p.main_stages;
+  *o++ = p.lora_stages;
+  *o++ = p.total_bytes();
+  *o++ = p.main_stage_bytes();
+  *o++ = p.main_stage_tx_bytes();
+  *o++ = p.main_stage_issued_bytes();
+  for (const auto& obj : p.objects) {
+    *o++ = obj.bytes;
+    *o++ = obj.stages;
+    *o++ = static_cast<int64_t>(obj.sharing);
+    *o++ = static_cast<int64_t>(obj.lifetime);
+    *o++ = obj.footprint();
+    *o++ = obj.issued_bytes(cluster);
+    *o++ = obj.expected_tx_bytes();
+  }
+  return W4A4Plan::kObjects;
+}
+
+__attribute__((visibility("default"))) const char* JaxW4a4W4A4ObjectName(int index) {
+  static const W4A4Plan p = jax_w4a4::sm90::SolveW4A4Plan(jax_w4a4::sm90::kW4A4Shapes[0]);
+  return index >= 0 && index < W4A4Plan::kObjects ? p.objects[index].name : "";
+}
+
+}  // extern "C"

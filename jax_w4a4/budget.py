@@ -1,0 +1,106 @@
+"""The CUDA kernels' shared-memory plans, solved at compile time, as Python sees them.
+
+    python -m jax_w4a4.budget          # prints every plan the kernels instantiate
+
+The plans live in host-compilable C++ headers (``csrc/kernels/sm90/*_plan.h``) that the kernels
+static_assert; ``libjax_w4a4_budget.so`` (host-only, built on every machine) exposes them here, so the
+table printed is the one compiled. One row per object in shared memory: bytes per buffer, stages,
+per-CTA footprint (replicated under TMA multicast), bytes this CTA issues (split under multicast), and
+the bytes a stage's full barrier expects (always the whole tile).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+import functools
+
+from jax_w4a4.ops._library import find_shared_library
+
+LIBRARY_NAME = "libjax_w4a4_budget.so"
+
+
+class Sharing(enum.IntEnum):
+    PRIVATE = 0
+    MULTICAST = 1
+
+
+class Lifetime(enum.IntEnum):
+    MAIN_LOOP = 0
+    LOW_RANK = 1
+    EPILOGUE = 2
+    KERNEL = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class SmemObject:
+    name: str
+    bytes: int
+    stages: int
+    sharing: Sharing
+    lifetime: Lifetime
+    footprint: int
+    issued_bytes: int
+    expected_tx_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class W4A4Plan:
+    tile_n: int
+    tile_m: int
+    cluster: int
+    lora_chunk: int
+    act_value_bits: int
+    main_stages: int
+    lora_stages: int
+    total_bytes: int
+    main_stage_bytes: int
+    main_stage_tx_bytes: int
+    main_stage_issued_bytes: int
+    objects: tuple[SmemObject, ...]
+
+    def object(self, name: str) -> SmemObject:
+        return next(o for o in self.objects if o.name.startswith(name))
+
+
+SMEM_PER_BLOCK = 227 * 1024
+_OBJECT_FIELDS = 7
+_HEADER_FIELDS = 6
+_MAX_OBJECTS = 32
+
+
+@functools.cache
+def _load() -> ctypes.CDLL:
+    path = find_shared_library(LIBRARY_NAME)
+    if path is None:
+        raise RuntimeError(f"{LIBRARY_NAME} is not built: install the package (pip install .) or run CMake")
+    lib = ctypes.cdll.LoadLibrary(str(path))
+    lib.JaxW4a4BudgetTable.restype = ctypes.c_char_p
+    lib.JaxW4a4W4A4ObjectName.restype = ctypes.c_char_p
+    lib.JaxW4a4W4A4Plan.restype = ctypes.c_int
+    lib.JaxW4a4W4A4Plan.argtypes = [ctypes.c_int] * 5 + [ctypes.POINTER(ctypes.c_int64)]
+    return lib
+
+
+def table() -> str:
+    """The plan of every kernel configuration compiled into the library, as a text table."""
+    return _load().JaxW4a4BudgetTable().decode()
+
+
+def w4a4_plan(tile_n: int, tile_m: int, cluster: int, lora_chunk: int = 64, act_value_bits: int = 8) -> W4A4Plan:
+    """The solved shared-memory plan of the sm90 W4A4 GEMM for one tile shape."""
+    lib = _load()
+    out = (ctypes.c_int64 * (_HEADER_FIELDS + _OBJECT_FIELDS * _MAX_OBJECTS))()
+    count = lib.JaxW4a4W4A4Plan(tile_n, tile_m, cluster, lora_chunk, act_value_bits, out)
+    values = list(out)
+    objects = []
+    for i in range(count):
+        b, st, sh, lt, fp, iss, tx = values[_HEADER_FIELDS + _OBJECT_FIELDS * i : _HEADER_FIELDS + _OBJECT_FIELDS * (i + 1)]
+        name = lib.JaxW4a4W4A4ObjectName(i).decode()
+        objects.append(SmemObject(name, b, st, Sharing(sh), Lifetime(lt), fp, iss, tx))
+    return W4A4Plan(tile_n, tile_m, cluster, lora_chunk, act_value_bits, *values[:_HEADER_FIELDS], tuple(objects))
+
+
+if __name__ == "__main__":
+    print(table(), end="")
