@@ -42,32 +42,27 @@ def act_quant(
         fp32 scales).
 
     Returns:
-      ``(q, scales, la)``: packed values (uint8), per-group scales, and ``LA = X · L_down`` in fp32
-      (computed from the unsmoothed X).
+      ``(q, scales, la)``: one e4m3 code per value (uint8, for every format: int4/uint4 values are
+      integers, exact in e4m3), per-group scales, and ``LA = X · L_down`` in fp32 (computed from the
+      unsmoothed X).
     """
     x_hat = div_rn(x, smooth)
     if act_format == "fp8":
         q, scales = fp8.quantize_activations(x_hat)
     else:
-        q, scales = svdq.quantize_activations(
-            x_hat, scale_dtype=x.dtype, unsigned=act_format == "uint4"
-        )
+        unsigned = act_format == "uint4"
+        packed, scales = svdq.quantize_activations(x_hat, scale_dtype=x.dtype, unsigned=unsigned)
+        q = svdq.to_e4m3_codes(packed, signed=not unsigned)
     la = jnp.einsum(
         "...k,kr->...r", x.astype(jnp.float32), lora_down.astype(jnp.float32), precision=HIGHEST
     )
     return q, scales, la
 
 
-def _activation_values_and_group_scales(
-    q_x: jax.Array, s_x: jax.Array, act_format: str
-) -> tuple[jax.Array, jax.Array]:
-    """Unscaled activation values (fp32) and their scales, one per weight group of 64."""
-    if act_format == "fp8":
-        values = lax.bitcast_convert_type(q_x, jnp.float8_e4m3fn).astype(jnp.float32)
-        per_weight_group = jnp.repeat(s_x.astype(jnp.float32), fp8.GROUP_SIZE // svdq.GROUP_SIZE, -1)
-        return values, per_weight_group
-    values = unpack_int4(q_x, signed=act_format == "int4").astype(jnp.float32)
-    return values, s_x.astype(jnp.float32)
+def _activation_group_scales(s_x: jax.Array, act_format: str) -> jax.Array:
+    """Activation scales repeated to one per weight group of 64 (fp8 groups span two)."""
+    group = fp8.GROUP_SIZE if act_format == "fp8" else svdq.GROUP_SIZE
+    return jnp.repeat(s_x.astype(jnp.float32), group // svdq.GROUP_SIZE, -1)
 
 
 def w4a4_gemm(
@@ -90,7 +85,8 @@ def w4a4_gemm(
     out_dtype = wscales.dtype
     n, k = qweight.shape[0], qweight.shape[1] * 2
     groups = k // svdq.GROUP_SIZE
-    x_values, x_scales = _activation_values_and_group_scales(q_x, s_x, act_format)
+    x_values = fp8.from_e4m3_bits(q_x, "q_x")
+    x_scales = _activation_group_scales(s_x, act_format)
     lead = x_values.shape[:-1]
     x_groups = jnp.moveaxis(x_values.reshape(*lead, groups, svdq.GROUP_SIZE), -2, 0)
     x_scales = jnp.moveaxis(x_scales, -1, 0)

@@ -22,6 +22,13 @@ def unpack_nibbles(packed: np.ndarray, signed: bool) -> np.ndarray:
     return np.where(q >= 8, q - 16, q) if signed else q
 
 
+def e4m3_codes(values: np.ndarray) -> np.ndarray:
+    """Values exactly representable in float8_e4m3fn → their uint8 codes (asserting exactness)."""
+    codes = np.asarray(values, np.float32).astype(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(codes.astype(np.float64), np.asarray(values, np.float64)), "not exact in e4m3"
+    return codes.view(np.uint8)
+
+
 def group_scale(x: np.ndarray, group: int, divisor: float, scale_dtype) -> np.ndarray:
     """absmax(group) / divisor rounded to scale_dtype, returned as float32."""
     g = x.reshape(*x.shape[:-1], -1, group)

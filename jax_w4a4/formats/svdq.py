@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
+from jax_w4a4.formats.fp8 import from_e4m3_bits, to_e4m3_bits
 from jax_w4a4.formats.int4 import apply_group_scales, pack_int4, quantize_int4_groups, unpack_int4
 
 GROUP_SIZE = 64
@@ -40,3 +41,17 @@ def dequantize(packed: ArrayLike, scales: ArrayLike, *, signed: bool) -> jax.Arr
     """``q · s`` in fp32 ``(..., K)`` from packed ``(..., K/2)`` values and ``(..., K/64)`` scales."""
     values = unpack_int4(packed, signed=signed)
     return apply_group_scales(values, scales, GROUP_SIZE, "packed (2 values per byte)", "scales")
+
+
+def to_e4m3_codes(packed: ArrayLike, *, signed: bool) -> jax.Array:
+    """Packed activations ``(..., K/2)`` → the kernel layout: one e4m3 code per value ``(..., K)``.
+
+    The int4 / uint4 values are integers, exact in e4m3, so the GEMM reads them as FP8 tensor-core
+    operands directly.
+    """
+    return to_e4m3_bits(unpack_int4(packed, signed=signed).astype(jnp.float32))
+
+
+def from_e4m3_codes(codes: ArrayLike) -> jax.Array:
+    """The kernel layout ``(..., K)`` e4m3 codes of int4/uint4 values → packed ``(..., K/2)`` (bit-exact)."""
+    return pack_int4(from_e4m3_bits(codes, "codes").astype(jnp.int8))

@@ -117,12 +117,8 @@ def _act_quant_abstract(x, smooth, lora_down, *, act_format):
     r = lora_down.shape[1]
     checks.rank(op, "lora_down.shape[1]", r)
     lead = x.shape[:-1]
-    if act_format == "fp8":
-        q = ShapedArray((*lead, k), jnp.uint8)
-        scales = ShapedArray((*lead, k // group), jnp.float32)
-    else:
-        q = ShapedArray((*lead, k // 2), jnp.uint8)
-        scales = ShapedArray((*lead, k // group), x.dtype)
+    q = ShapedArray((*lead, k), jnp.uint8)  # one e4m3 code per value, every format
+    scales = ShapedArray((*lead, k // group), jnp.float32 if act_format == "fp8" else x.dtype)
     return q, scales, ShapedArray((*lead, r), jnp.float32)
 
 
@@ -169,7 +165,7 @@ def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *,
         checks.at_least_1d(op, name, value)
     lead = checks.same_leading_dims(op, ("q_x", "s_x", "la"), (q_x, s_x, la))
     checks.dtype_in(op, "q_x", q_x, [jnp.uint8])
-    checks.shape_is(op, "q_x", q_x, (*lead, k if act_format == "fp8" else k // 2))
+    checks.shape_is(op, "q_x", q_x, (*lead, k))
     checks.shape_is(op, "s_x", s_x, (*lead, k // group))
     checks.dtype_in(op, "s_x", s_x, [jnp.float32] if act_format == "fp8" else [out_dtype])
     checks.ndim_is(op, "lora_up", lora_up, 2)
