@@ -148,5 +148,5 @@ def test_errors_name_the_argument(rng):
         jax_w4a4.quantize_linear(w[:, :192], mode="w4a8")
     with pytest.raises(ValueError, match=r"dtype must be one of"):
         jax_w4a4.quantize_linear(w, dtype=jnp.float32)
-    with pytest.raises(TypeError, match=r"weights must be SVDQuantWeights or W4A16Weights"):
+    with pytest.raises(TypeError, match=r"weights must be SVDQuantWeights, W4A16Weights"):
         jax_w4a4.linear(_inputs(rng), w)

@@ -1,0 +1,111 @@
+"""Shared benchmark machinery: timing (JAX and torch, same process), the two floors, and the table.
+
+How we measure (design §5): median of many timed runs after warm-up, inputs rotated over sets larger
+than L2 (60 MB) so the cache does not flatter memory-bound kernels, random data (never zeros).
+JAX-level time is what a user sees: one jitted loop of R calls, divided by R (dispatch amortized).
+Peers (jnp.dot bf16, XLA fp8, torch cuBLAS) are timed in the same process, so ratios are comparable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PEAK_FP8_TFLOPS = 1979.0  # H200 dense fp8/int8 datasheet peak: MFU denominator
+HBM_BYTES_PER_S = 4.2e12  # measured device-to-device copy bandwidth (peers.md)
+L2_BYTES = 60 * 2**20
+
+
+def rotations(bytes_per_set: int, minimum: int = 2, maximum: int = 8) -> int:
+    """How many input sets make the rotation larger than L2 (at least `minimum`)."""
+    return int(np.clip(int(np.ceil(2 * L2_BYTES / max(bytes_per_set, 1))), minimum, maximum))
+
+
+def time_jax(fn: Callable, input_sets: Sequence[tuple], *, calls: int = 20, trials: int = 7) -> float:
+    """Median seconds per call of ``fn(*inputs)``, cycling through ``input_sets`` inside one jitted loop.
+
+    Each input set is its own branch of a ``lax.switch`` (a custom call needs whole buffers: slicing a
+    stacked array would add a copy per call). The loop carries a scalar from each output into the next
+    selection, so XLA can neither hoist nor elide the calls.
+    """
+    n_sets = len(input_sets)
+
+    @jax.jit
+    def loop(input_sets):
+        branches = [
+            (lambda inputs: lambda: _probe(fn(*inputs)))(inputs) for inputs in input_sets
+        ]
+
+        def body(i, carry):
+            return carry + jax.lax.switch((i + carry) % n_sets, branches)
+
+        return jax.lax.fori_loop(0, calls, body, jnp.int32(0))
+
+    jax.block_until_ready(loop(input_sets))  # compile + warm up
+    times = []
+    for _ in range(trials):
+        start = time.perf_counter()
+        jax.block_until_ready(loop(input_sets))
+        times.append((time.perf_counter() - start) / calls)
+    return float(np.median(times))
+
+
+def _probe(out) -> jax.Array:
+    """0, computed from the output (NaN-check of one element), so the call cannot be dropped."""
+    first = jax.tree_util.tree_leaves(out)[0].reshape(-1)[0]
+    return (first != first).astype(jnp.int32)
+
+
+def time_torch(fn: Callable[[int], object], n_sets: int, *, calls: int = 50, warmup: int = 10) -> float | None:
+    """Median seconds per call of ``fn(i)`` (i cycles over the sets), timed with CUDA events."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    for i in range(warmup):
+        fn(i % n_sets)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i % n_sets)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return float(np.median(times))
+
+
+@dataclasses.dataclass
+class Row:
+    """One measured configuration; `cells` are printed in insertion order."""
+
+    label: str
+    cells: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def floors(flops: float, bytes_moved: float) -> tuple[float, float]:
+    """(compute floor, memory floor) in seconds: flops at the fp8 peak, bytes at HBM copy bandwidth."""
+    return flops / (PEAK_FP8_TFLOPS * 1e12), bytes_moved / HBM_BYTES_PER_S
+
+
+def fmt_ratio(ours: float | None, peer: float | None) -> str:
+    """peer time / our time (> 1 means we are faster), or '-'."""
+    return "-" if not ours or not peer else f"{peer / ours:.2f}x"
+
+
+def print_table(title: str, rows: Sequence[Row]) -> None:
+    if not rows:
+        return
+    headers = ["config", *rows[0].cells]
+    table = [[r.label, *r.cells.values()] for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *table)]
+    print(f"\n## {title}")
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    for line in table:
+        print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
