@@ -2,7 +2,8 @@
 # The GPU machine's one script: use the carried build (or build), run the GPU tests, run the
 # benchmarks, print the tables. Full logs go to $OUT (or /tmp/gpu_check) when set.
 #   bash benchmarks/gpu_check.sh [pytest -k expression] [benchmark names...]
-# Environment: BUILD=1 forces a CMake build here; SKIP_TESTS=1 / SKIP_BENCH=1 skip a half.
+# Environment: BUILD=1 forces a CMake build here; SKIP_TESTS=1 / SKIP_BENCH=1 skip a half;
+# TEST_FILES picks test files (default: every tests/gpu/test_*.py, one process each).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -19,13 +20,25 @@ python3 -c "import jax, jax_w4a4.ops as o; print('jax', jax.__version__, jax.dev
 
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python3 -m pytest -q -m gpu tests/gpu -x -p no:cacheprovider ${1:+-k "$1"} 2>&1 | tee "$logs/gpu_tests.log" | tail -25
-  status=${PIPESTATUS[0]}
+  # One process per test file: a kernel fault poisons its CUDA context, not the other files' runs.
+  # The tests fill XLA's pool with NaN poison; CUDA graphs would then have no memory to instantiate in.
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer="
+  for test_file in ${TEST_FILES:-tests/gpu/test_*.py}; do
+    name=$(basename "$test_file" .py)
+    timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu "$test_file" --maxfail=4 -p no:cacheprovider -rf \
+      ${1:+-k "$1"} > "$logs/$name.log" 2>&1
+    code=$?
+    [ $code -eq 0 ] || status=$code
+    echo "== $name (exit $code)"; grep -E "^(FAILED|ERROR)|passed|failed|^E  .{0,200}$" "$logs/$name.log" | head -12
+  done
 fi
 shift || true
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  # torch and CUDA graphs need memory beside XLA's pool.
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.5} XLA_FLAGS=${BENCH_XLA_FLAGS:-}
   for bench in ${@:-act_quant w4a4 w4a16}; do
-    timeout 240 python3 "benchmarks/bench_${bench}.py" 2>&1 | tee "$logs/bench_${bench}.log"
+    timeout "${BENCH_TIMEOUT:-200}" python3 "benchmarks/bench_${bench}.py" > "$logs/bench_${bench}.log" 2>&1
+    echo "== bench_${bench} (exit $?)"; grep -v "^WARNING\|^I0000\|^W0000" "$logs/bench_${bench}.log" | tail -40
   done
 fi
 exit "$status"

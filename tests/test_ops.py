@@ -10,7 +10,7 @@ import pytest
 
 import jax_w4a4
 from jax_w4a4 import ops, reference
-from jax_w4a4.formats import svdq, w4a16, w4a16_layout
+from jax_w4a4.formats import svdq, svdq_layout, w4a16, w4a16_layout
 from jax_w4a4.ops import _library
 
 BF16 = jnp.bfloat16
@@ -22,6 +22,7 @@ def _operands(rng, lead=(4,), act_format="int4"):
     smooth = jnp.asarray(rng.uniform(0.5, 2, K), jnp.float32)
     lora_down = jnp.asarray(rng.standard_normal((K, R)) * 0.1, BF16)
     qweight, wscales = svdq.quantize_weights(jnp.asarray(rng.standard_normal((N, K)), jnp.float32), scale_dtype=BF16)
+    qweight = svdq_layout.prepack(qweight)
     lora_up = jnp.asarray(rng.standard_normal((R, N)) * 0.1, BF16)
     return x, smooth, lora_down, qweight, wscales, lora_up
 
@@ -57,7 +58,9 @@ def _bad_inputs(rng):
         (lambda: aq(x, smooth, ld[:, :8]), r"rank r\) must be a multiple of 16"),
         (lambda: aq(x, smooth, ld.astype(jnp.float16)), r"lora_down must have dtype bfloat16"),
         (lambda: gemm(q, s, la, qw.astype(jnp.int8), ws, lu), r"qweight must have dtype uint8"),
-        (lambda: gemm(q, s, la, qw, ws[:, :2], lu), r"wscales must have shape \(128, 4\)"),
+        (lambda: gemm(q, s, la, svdq_layout.unprepack(qw, N, K), ws, lu), r"qweight \(prepacked, formats.svdq_layout\) must have shape \(2, 4, 2048\)"),
+        (lambda: gemm(q, s, la, qw, ws[:, :2], lu), r"qweight \(prepacked, formats.svdq_layout\) must have shape \(2, 2, 2048\)"),
+        (lambda: gemm(q, s, la, qw, ws.astype(jnp.float32), lu), r"wscales must have dtype bfloat16 or float16"),
         (lambda: gemm(q[:2], s, la, qw, ws, lu), r"s_x must have leading dims \(2,\)"),
         (lambda: gemm(q, s, la, qw, ws, lu[:, :64]), r"lora_up must have shape \(16, 128\)"),
         (lambda: gemm(q, s, la[:, :0], qw, ws, lu), r"la must have shape \(4, 16\)"),
@@ -86,8 +89,9 @@ def test_eager_jit_and_reference_agree(rng):
     args = _operands(rng)
     eager = _w4a4(*args)
     jitted = jax.jit(_w4a4)(*args)
-    q, s, la = reference.act_quant(args[0], args[1], args[2], act_format="int4")
-    ref = reference.w4a4_gemm(q, s, la, *args[3:], act_format="int4")
+    x, smooth, lora_down, qweight, wscales, lora_up = args
+    q, s, la = reference.act_quant(x, smooth, lora_down, act_format="int4")
+    ref = reference.w4a4_gemm(q, s, la, svdq_layout.unprepack(qweight, N, K), wscales, lora_up, act_format="int4")
     np.testing.assert_array_equal(np.asarray(eager, np.float32), np.asarray(ref, np.float32))
     np.testing.assert_array_equal(np.asarray(jitted, np.float32), np.asarray(ref, np.float32))
 
@@ -133,17 +137,28 @@ def _op_calls(rng):
 
 @pytest.mark.parametrize("op", [o.name for o in ops.ALL_OPS])
 def test_cuda_lowering_golden_or_not_implemented(rng, op):
+    """The CUDA lowering is a typed-FFI custom call: in jax 0.11's StableHLO that is api_version 1 with the
+    attributes in a ``mhlo.backend_config`` dictionary (XLA turns it into API_VERSION_TYPED_FFI)."""
     fn, args, attribute = _op_calls(rng)[op]
-    lower = lambda: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()  # noqa: E731
+    lowered = lambda: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))  # noqa: E731
     if op not in _library.CUDA_KERNELS:
         with pytest.raises(NotImplementedError, match=f"jax_w4a4.{op}: no CUDA kernel"):
-            lower()
+            lowered()
         return
-    text = lower()
-    call = re.search(rf"stablehlo.custom_call @jax_w4a4_{op}\(.*", text)
-    assert call, text
-    assert "api_version = 4" in call.group(0)
-    assert attribute in call.group(0)
+    generic = lowered().compiler_ir("stablehlo").operation.get_asm(print_generic_op_form=True)
+    calls = re.findall(r'"stablehlo.custom_call"\(.*', generic)
+    ours = [c for c in calls if f'call_target_name = "jax_w4a4_{op}"' in c]
+    assert len(ours) == 1, calls
+    assert "api_version = 1 : i32" in ours[0]
+    assert f"mhlo.backend_config = {{{attribute}}}" in ours[0]
+
+
+def test_op_without_a_kernel_fails_at_lowering_not_at_run_time(rng, monkeypatch):
+    """The mechanism for ops whose kernel is not written yet: NotImplementedError while lowering for CUDA."""
+    monkeypatch.setattr(_library, "CUDA_KERNELS", {k: v for k, v in _library.CUDA_KERNELS.items() if k != "w4a16_gemm"})
+    fn, args, _ = _op_calls(rng)["w4a16_gemm"]
+    with pytest.raises(NotImplementedError, match="jax_w4a4.w4a16_gemm: no CUDA kernel in this version"):
+        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
 
 
 def test_cpu_lowering_has_no_custom_call(rng):

@@ -18,7 +18,11 @@ ENV_LIBRARY = "JAX_W4A4_LIBRARY"
 
 # The ops that have a CUDA kernel in this version: op name -> exported handler symbol. The FFI target
 # is "jax_w4a4_<op>". An op missing here fails its CUDA lowering with NotImplementedError.
-CUDA_KERNELS: dict[str, str] = {}
+CUDA_KERNELS: dict[str, str] = {
+    "act_quant": "JaxW4a4ActQuant",
+    "w4a4_gemm": "JaxW4a4W4a4Gemm",
+    "w4a16_gemm": "JaxW4a4W4a16Gemm",
+}
 
 
 def target_name(op: str) -> str:

@@ -21,7 +21,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_w4a4 import reference
-from jax_w4a4.formats import fp8, svdq, w4a16, w4a16_layout
+from jax_w4a4.formats import fp8, svdq, svdq_layout, w4a16, w4a16_layout
 from jax_w4a4.ops import _library, checks
 
 ShapedArray = jax.core.ShapedArray
@@ -153,13 +153,13 @@ def act_quant(
 def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
     op = "w4a4_gemm"
     checks.one_of(op, "act_format", act_format, reference.ACT_FORMATS)
-    checks.ndim_is(op, "qweight", qweight, 2)
-    checks.dtype_in(op, "qweight", qweight, [jnp.uint8])
-    n, k = qweight.shape[0], 2 * qweight.shape[1]
-    group = _act_group(act_format)
-    checks.multiple_of(op, "K (2 * qweight.shape[1])", k, group, f" for act_format={act_format!r}")
+    checks.ndim_is(op, "wscales", wscales, 2)
     checks.dtype_in(op, "wscales", wscales, checks.HALF_DTYPES)
-    checks.shape_is(op, "wscales", wscales, (n, k // svdq.GROUP_SIZE))
+    n, k = wscales.shape[0], wscales.shape[1] * svdq.GROUP_SIZE
+    group = _act_group(act_format)
+    checks.multiple_of(op, "K (64 * wscales.shape[1])", k, group, f" for act_format={act_format!r}")
+    checks.dtype_in(op, "qweight", qweight, [svdq_layout.PREPACKED_DTYPE])
+    checks.shape_is(op, "qweight (prepacked, formats.svdq_layout)", qweight, svdq_layout.prepacked_shape(n, k))
     out_dtype = wscales.dtype
     for name, value in (("q_x", q_x), ("s_x", s_x), ("la", la)):
         checks.at_least_1d(op, name, value)
@@ -184,17 +184,23 @@ W4A4_TILE_N = 128
 W4A4_TILE_K = 128
 
 
-def _w4a4_gemm_kernel_checks(q_x, s_x, la, qweight, *rest, act_format):
+def _w4a4_gemm_kernel_checks(q_x, s_x, la, qweight, wscales, *rest, act_format):
     op = "w4a4_gemm"
     why = " (the CUDA kernel's tile; pad the layer or run it on CPU)"
-    checks.multiple_of(op, "N (qweight.shape[0])", qweight.shape[0], W4A4_TILE_N, why)
-    checks.multiple_of(op, "K (2 * qweight.shape[1])", 2 * qweight.shape[1], W4A4_TILE_K, why)
+    checks.multiple_of(op, "N (wscales.shape[0])", wscales.shape[0], W4A4_TILE_N, why)
+    checks.multiple_of(op, "K (64 * wscales.shape[1])", wscales.shape[1] * svdq.GROUP_SIZE, W4A4_TILE_K, why)
+
+
+def _w4a4_gemm_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
+    n, k = wscales.shape[0], wscales.shape[1] * svdq.GROUP_SIZE
+    qweight = svdq_layout.unprepack(qweight, n, k)
+    return reference.w4a4_gemm(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, act_format=act_format)
 
 
 W4A4_GEMM = FusedOp(
     name="w4a4_gemm",
     abstract_eval=_w4a4_gemm_abstract,
-    reference=reference.w4a4_gemm,
+    reference=_w4a4_gemm_reference,
     kernel_checks=_w4a4_gemm_kernel_checks,
     num_activations=3,
     num_results=1,
@@ -218,6 +224,9 @@ def w4a4_gemm(
     act_format: str,
 ) -> jax.Array:
     """W4A4 GEMM with per-group scales, fused low-rank up projection, per-column α and bias β.
+
+    ``qweight`` is in the prepacked layout of :mod:`jax_w4a4.formats.svdq_layout` (what the sm90 kernel's
+    16-byte fragment loads read); the reference path unprepacks it.
 
     See :func:`jax_w4a4.reference.w4a4_gemm` for the math and ``docs/layouts.md`` for the layouts.
     """

@@ -1,0 +1,104 @@
+"""Benchmark of act_quant (fused smoothing + 4/8-bit activation quantization + LA = X · L_down).
+
+The op is memory-bound: the floor is the bytes it must move (X read once, q + scales + LA written
+once, lambda and L_down read once) over the H200's 4.2 TB/s HBM copy bandwidth. Printed per shape:
+kernel time, GB/s on those bytes, % of 4.2 TB/s, and the XLA peer (jax_w4a4.reference.act_quant,
+jitted on the same GPU) as a ratio.
+
+Timing: R calls unrolled inside one jit (no host round trip between calls), each on its own copy of
+the inputs, so repeated calls neither hit L2 (the copies, read cyclically, exceed its 60 MB) nor get
+merged by XLA's CSE; median over several runs of the whole jit, divided by R. The XLA peer runs on
+the first 20 copies only (its compile time grows with R); at decode sizes that leaves its inputs in
+L2, which favours the peer.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_w4a4 import ops, reference
+
+HBM_BYTES_PER_S = 4.2e12  # H200 device-to-device copy (benchmarks/peers.md)
+L2_BYTES = 60e6
+RANK = 32
+
+
+def bytes_moved(m: int, k: int, r: int, act_format: str) -> int:
+    x = m * k * 2
+    q = m * k  # one e4m3 code per value, every format
+    scales = m * (k // 128) * 4 if act_format == "fp8" else m * (k // 64) * 2
+    return x + q + scales + m * r * 4 + k * r * 2 + k * 4
+
+
+def make_copies(m: int, k: int, r: int, copies: int, seed: int = 0):
+    """`copies` independent input triples (x, smooth, lora_down) on the GPU, bf16 activations."""
+    key = jax.random.key(seed)
+    out = []
+    for i in range(copies):
+        kx, ks, kl = jax.random.split(jax.random.fold_in(key, i), 3)
+        x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+        smooth = jax.random.uniform(ks, (k,), jnp.float32, 0.25, 4.0)
+        lora_down = (jax.random.normal(kl, (k, r), jnp.float32) * 0.05).astype(jnp.bfloat16)
+        out.append((x, smooth, lora_down))
+    return jax.block_until_ready(out)
+
+
+def time_per_call(fn, copies, act_format: str, runs: int = 7) -> float:
+    """Seconds per call: one jit runs fn once on every copy; median over `runs`."""
+
+    @jax.jit
+    def all_calls(inputs):
+        return [fn(*args, act_format=act_format) for args in inputs]
+
+    jax.block_until_ready(all_calls(copies))  # compile + warm up
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(all_calls(copies))
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) / len(copies)
+
+
+def bench(m: int, k: int, act_format: str, r: int = RANK) -> dict:
+    n_bytes = bytes_moved(m, k, r, act_format)
+    input_bytes = m * k * 2 + k * r * 2 + k * 4
+    copies = min(160, max(20, math.ceil(1.2 * L2_BYTES / input_bytes)))
+    inputs = make_copies(m, k, r, copies)
+    kernel_s = time_per_call(ops.act_quant, inputs, act_format)
+    xla_s = time_per_call(reference.act_quant, inputs[:20], act_format)
+    del inputs
+    return {
+        "shape": f"M={m} K={k} r={r}",
+        "format": act_format,
+        "us": kernel_s * 1e6,
+        "gbps": n_bytes / kernel_s / 1e9,
+        "pct": 100 * n_bytes / kernel_s / HBM_BYTES_PER_S,
+        "floor_us": n_bytes / HBM_BYTES_PER_S * 1e6,
+        "xla_us": xla_s * 1e6,
+        "speedup": xla_s / kernel_s,
+    }
+
+
+def main() -> None:
+    print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, targets {ops.compiled_targets()}")
+    print("act_quant: bf16 X, lambda, L_down (K, 32) -> q, scales, LA. Floor = bytes / 4.2 TB/s.")
+    header = f"{'shape':<22} {'format':<6} {'us':>9} {'GB/s':>8} {'% 4.2TB/s':>10} {'floor us':>9} {'XLA us':>9} {'XLA/ours':>9}"
+    print(header)
+    print("-" * len(header))
+    cases = [(4096, 4096), (4096, 12288), (1, 8192), (16, 8192), (64, 8192)]
+    for m, k in cases:
+        for act_format in ("int4", "fp8"):
+            row = bench(m, k, act_format)
+            print(f"{row['shape']:<22} {row['format']:<6} {row['us']:9.2f} {row['gbps']:8.0f} {row['pct']:9.1f}% "
+                  f"{row['floor_us']:9.2f} {row['xla_us']:9.2f} {row['speedup']:8.2f}x", flush=True)
+    print("Target (large M, rank 32): >= 80% of 4.2 TB/s on the bytes moved.")
+
+
+if __name__ == "__main__":
+    main()

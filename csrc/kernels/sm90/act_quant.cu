@@ -1,0 +1,900 @@
+// act_quant (sm_90a): X (M, K) bf16/fp16 -> q (one float8_e4m3fn code per value for every format: the
+// int4/uint4 values are integers, exact in e4m3), per-group scales, and the low-rank down projection
+// LA = X · L_down (fp32), in one pass over X.
+// Byte contract: docs/layouts.md, section act_quant.
+//
+// Work split. A CTA owns kBlockRows rows and a contiguous range of 128-wide K chunks. When the row blocks
+// alone cannot fill the GPU, the K range is split over S CTAs (grid 1 x S in y). With a low-rank branch
+// those S CTAs form a thread-block cluster (1 x S x 1) and their LA partials are summed through
+// distributed shared memory at the end; that code exists only in the kClusterSplit instances, which are
+// the only ones launched with a cluster attribute (S = 1, or r = 0, has no cluster code at all).
+//
+// Pipeline (one per CTA, every thread takes every role; kStages-deep ring of cp.async groups, one
+// __syncthreads per chunk):
+//  * load:     16-byte cp.async copies of the chunk's X tile and L_down tile, and of the NEXT chunk's
+//              128 smoothing factors, into the next free stage (zero-filled past M and K).
+//  * table:    128 threads turn those factors into the next chunk's column table (lambda and its
+//              division reciprocal), so the quantizer never recomputes reciprocals.
+//  * quantize: each thread takes units of 16 consecutive k of one row from the staged X tile:
+//              X̂ = fp32(X) / lambda, group absmax by warp shuffles, scale (computed once per group and
+//              shared), q; writes q and the scale.
+//  * low-rank: each warp runs mma.sync m16n8k16 (bf16/fp16 -> fp32) with A = the same staged X tile
+//              (ldmatrix) and B = the L_down tile (ldmatrix.trans); accumulators stay in registers.
+//  * epilogue: LA partials summed in cluster-rank order (deterministic, no scratch), written as fp32.
+//
+// Shared memory (TileConfig, static_assert'ed against the 227 KB a block may use): per stage the X tile
+// (kBlockRows x 256 B, 16-byte pieces swizzled so that ldmatrix's 8 rows and the quantizer's 8 lanes of
+// a row each hit 8 different bank groups), 512 B of lambdas, the L_down tile (128 x (2 kRankCap + 16) B:
+// an odd number of 16-byte units per row keeps ldmatrix.trans conflict-free); after the ring, the
+// double-buffered column table (2 KB). The LA partials of the epilogue reuse all of it.
+//
+// Exact division. The contract is IEEE division (x / lambda, absmax / qmax, X̂ / scale), bit for bit with
+// __fdiv_rn. __fdiv_rn costs ~9 instructions per element (MUFU.RCP, FCHK, 5 FFMA, a branch), which
+// would make this kernel issue-bound. We run the fast path the compiler emits for div.rn.f32
+// (reciprocal refined once by Newton, quotient, one exact fma residual correction) with the reciprocal
+// hoisted per column (column table) and per group, so the per-element cost is 3 instructions. The
+// compiler guards that path with FCHK (operand ranges); we guard it with a stricter domain: lambda in
+// [2^-20, 2^20] (else its table reciprocal is NaN), group absmax below 2^40 and not NaN, and for bf16
+// a group absmax of at least 2^-20 unless the group is all zeros. A warp that sees a group outside the
+// domain recomputes its units with __fdiv_rn. Zeros keep their sign (fp8 stores -0 as 0x80, like the
+// reference). The domain was checked in a numpy emulation (exact fma) against IEEE division: 1.2e8
+// random operand pairs with the reciprocal seed within +-2 ulp of 1/b (MUFU.RCP's error is ~1 ulp),
+// plus seeds off by 300 ulp, plus the tiny-dividend sign and magnitude claims below.
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/sm90/act_quant.h"
+
+namespace jax_w4a4::sm90 {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kChunkK = 128;            // k per pipeline stage: two int4 groups or one fp8 group
+constexpr int kPieceBytes = 16;         // one cp.async = 8 halves
+constexpr int kPiecesPerRow = kChunkK * 2 / kPieceBytes;  // 16 per X tile row
+constexpr int kXRowBytes = kChunkK * 2;  // 256, unpadded (swizzled)
+constexpr int kUnitK = 16;              // quantizer unit: 16 consecutive k of one row (two pieces)
+constexpr int kUnitsPerRow = kChunkK / kUnitK;  // 8
+constexpr int kMaxSmemPerBlock = 227 * 1024;
+constexpr int kMaxStages = 6;
+constexpr int kMaxRank = 256;
+constexpr int kMaxClusterSplit = 8;      // portable cluster size
+constexpr int kMaxRankFor128Rows = 64;   // larger ranks use 64-row blocks (register budget)
+constexpr int64_t kMaxK = kActQuantMaxK;  // keeps offsets inside a row block in 32 bits
+
+// Byte offset of piece p (16 bytes, k = 8p .. 8p + 7) of row r in an X tile. Even pieces go to slots
+// 0..7 and odd pieces to slots 8..15, XORed with r % 8: a quantizer lane reads its unit's two pieces
+// (2u, 2u + 1) with 8 lanes of a row in 8 distinct bank groups, and ldmatrix's 8 rows of one piece
+// are in 8 distinct bank groups too.
+__host__ __device__ constexpr uint32_t XPieceOffset(int r, int p) {
+  return static_cast<uint32_t>(r * kXRowBytes + ((((p >> 1) | ((p & 1) << 3)) ^ (r & 7)) * kPieceBytes));
+}
+
+// Tile shape, warp roles and the shared-memory budget of one kernel instance.
+template <int kBlockRows_, int kRankCap_>
+struct TileConfig {
+  static constexpr int kBlockRows = kBlockRows_;
+  static constexpr int kRankCap = kRankCap_;  // largest rank this instance serves (0: no low-rank branch)
+  // 16 warps for big row blocks (at most 128 registers each); fewer for 16-row blocks (one quantizer
+  // unit per thread) and for ranks above 64, whose accumulators need more registers.
+  static constexpr int kWarps = kBlockRows == 16 ? 4 : kRankCap <= 64 ? 16 : 8;
+  static constexpr int kThreads = kWarps * 32;
+  // Copies: 16-byte pieces, 16 consecutive threads per X row (fully coalesced).
+  static constexpr int kCopyRowStep = kThreads / kPiecesPerRow;
+  static constexpr int kCopiesPerThread = kBlockRows / kCopyRowStep;
+  // Quantizer: 8 consecutive threads per row, thread t takes unit t % 8 of rows t / 8 + i * kQuantRowStep.
+  static constexpr int kQuantRowStep = kThreads / kUnitsPerRow;
+  static constexpr int kUnits = kBlockRows / kQuantRowStep;
+  // Low-rank: warps form kRowTiles (16 rows each) x kColGroups; n16 column pairs are dealt round-robin
+  // over the column groups.
+  static constexpr int kRowTiles = kBlockRows / 16;
+  static constexpr int kColGroups = kWarps / kRowTiles;
+  static constexpr int kPairsPerWarp = (kRankCap / 16 + kColGroups - 1) / kColGroups;
+  static constexpr int kAccumulatorsPerThread = kPairsPerWarp * 2 * 4;
+  static constexpr int kLoraRowPitch = (kRankCap / 8 + 1) * kPieceBytes;
+  static constexpr int kLoraLoadsPerThread = kChunkK * kRankCap / 8 / kThreads;
+  // Shared memory. A stage: the X tile, the NEXT chunk's 128 lambdas, the L_down tile.
+  static constexpr int kXTileBytes = kBlockRows * kXRowBytes;
+  static constexpr int kLambdaBytes = kChunkK * 4;
+  static constexpr int kLoraTileBytes = kRankCap == 0 ? 0 : kChunkK * kLoraRowPitch;
+  static constexpr int kStageBytes = kXTileBytes + kLambdaBytes + kLoraTileBytes;
+  // After the ring: the column table, double buffered: a chunk's lambdas and their division
+  // reciprocals (NaN where lambda is outside the fast path's domain), built one chunk ahead.
+  static constexpr int kColumnTableBytes = 2 * 2 * kChunkK * 4;
+  static constexpr int kStagesThatFit = (kMaxSmemPerBlock - kColumnTableBytes) / kStageBytes;
+  static constexpr int kStages = kStagesThatFit < kMaxStages ? kStagesThatFit : kMaxStages;
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  // Epilogue: fp32 LA partial, rows padded by 8 floats (rows 8 or 24 banks apart: fragment stores
+  // conflict-free), reusing the ring and the table.
+  static constexpr int kPartialPitch = kRankCap + 8;
+  static constexpr int kPartialBytes = kBlockRows * kPartialPitch * 4;
+  static constexpr int kPipelineBytes = kRingBytes + kColumnTableBytes;
+  static constexpr int kSmemBytes = kPipelineBytes > kPartialBytes ? kPipelineBytes : kPartialBytes;
+
+  static_assert(kBlockRows % 16 == 0 && kWarps % kRowTiles == 0, "warps must tile the row block");
+  static_assert(kCopyRowStep % 8 == 0 && kQuantRowStep % 8 == 0,
+                "a thread's rows share r % 8, so its swizzled offsets differ by constants");
+  static_assert(kCopiesPerThread * kCopyRowStep == kBlockRows && kUnits * kQuantRowStep == kBlockRows,
+                "pieces and units divide evenly");
+  static_assert(kUnits >= 1 && kUnits <= 2, "one quantizer pass of at most two units per chunk");
+  static_assert(kRankCap % 16 == 0 && kRankCap <= kMaxRank, "rank is a multiple of 16, at most 256");
+  static_assert(kLoraLoadsPerThread * kThreads == kChunkK * kRankCap / 8, "L_down pieces divide evenly");
+  static_assert(kAccumulatorsPerThread <= 64, "LA accumulators must stay in registers");
+  static_assert(kBlockRows % kMaxClusterSplit == 0, "every cluster rank reduces whole rows");
+  static_assert(kStages >= 2, "the ring needs two stages to overlap loads with compute");
+  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget exceeded");
+  static_assert(kStageBytes % 128 == 0, "stages keep the swizzle's 128-byte alignment");
+};
+
+struct Params {
+  const uint8_t* x;
+  const float* smooth;
+  const uint8_t* lora_down;
+  uint8_t* q;
+  uint8_t* scales;
+  float* la;
+  int64_t rows;
+  int k;
+  int rank;
+  int num_chunks;
+  int k_splits;
+};
+
+// ---- PTX wrappers ---------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copies; with valid == false nothing is read and the 16 bytes are zero-filled.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// Shared-memory accesses by explicit address (the stage ring is addressed as 32-bit shared offsets).
+__device__ __forceinline__ uint4 LdShared128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float4 LdShared128f(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float LdShared32f(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void StShared32f(uint32_t addr, float a) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(a) : "memory");
+}
+__device__ __forceinline__ void StShared64f(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <class T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// max that propagates NaN (like jnp.max), so a NaN in a group is seen by the range check.
+__device__ __forceinline__ float MaxNan(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
+// ---- exact division -------------------------------------------------------------------------------
+
+// The reciprocal of div.rn.f32's fast path: MUFU.RCP refined by one Newton step.
+__device__ __forceinline__ float DivisionReciprocal(float b) {
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(b));
+  return __fmaf_rn(r0, __fmaf_rn(-b, r0, 1.0f), r0);
+}
+
+// a / b with y = DivisionReciprocal(b): the fast path of div.rn.f32 (quotient, then one exact fma
+// residual correction). Equal to __fdiv_rn(a, b) for b in [2^-49, 2^40] and |a| in [2^-60, 2^60] or
+// a = 0; the residual is negated so that a = +-0 gives +-0 like IEEE division with b > 0. Below 2^-60
+// the result keeps the sign and stays under 2^-39 in magnitude. A NaN y makes every quotient NaN.
+__device__ __forceinline__ float DivideFast(float a, float b, float y) {
+  const float q0 = __fmul_rn(a, y);
+  const float t = __fmaf_rn(b, q0, -a);  // -(a - b q0), exact
+  return __fmaf_rn(-y, t, q0);
+}
+
+// The fast path's domain (header comment). lambda in [2^-20, 2^20] keeps every |x| behind a |X̂| below
+// 2^40 under 2^60. A group whose absmax is at least kTinyAbsmax has its absmax from an exact quotient
+// and is blind to the tiny ones (|x| < 2^-60, bf16 only; their fast quotients keep the sign and stay
+// below 2^-39): those give q = 0 (int4: |X̂ / scale| < 2^-16) or an fp8 zero of the right sign
+// (|X̂ / scale| < 2^-10.1, below half the smallest e4m3 subnormal), whatever their last bits.
+constexpr float kLambdaMin = 0x1p-20f, kLambdaMax = 0x1p20f;
+constexpr float kSmoothedMax = 0x1p40f;
+constexpr float kTinyAbsmax = 0x1p-20f;
+
+__device__ __forceinline__ float TableReciprocal(float lambda) {
+  return lambda >= kLambdaMin && lambda <= kLambdaMax ? DivisionReciprocal(lambda) : __int_as_float(0x7fc00000);
+}
+
+// ---- element types --------------------------------------------------------------------------------
+
+template <class T>
+struct Half;
+template <>
+struct Half<__nv_bfloat16> {
+  // bf16 -> fp32 is a 16-bit shift, exact.
+  static __device__ __forceinline__ void Unpack(uint32_t w, float& lo, float& hi) {
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+  }
+  static __device__ __forceinline__ uint16_t Round(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+  static __device__ __forceinline__ float Widen(uint16_t bits) {
+    return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+  }
+  // bf16 reaches down to 2^-133: inputs below the fast division's domain exist.
+  static constexpr bool kCanBeTiny = true;
+  static constexpr float kMinNormal = 0x1p-126f;
+};
+template <>
+struct Half<__half> {
+  static __device__ __forceinline__ void Unpack(uint32_t w, float& lo, float& hi) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    lo = f.x;
+    hi = f.y;
+  }
+  static __device__ __forceinline__ uint16_t Round(float v) { return __half_as_ushort(__float2half_rn(v)); }
+  static __device__ __forceinline__ float Widen(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+  // |x| >= 2^-24 when nonzero: always inside the fast division's domain.
+  static constexpr bool kCanBeTiny = false;
+  static constexpr float kMinNormal = 0x1p-14f;
+};
+
+// ---- quantizer ------------------------------------------------------------------------------------
+
+constexpr int kUnitWords = kUnitK / 2;  // 32-bit words of X in a unit
+
+template <ActFormat kFormat>
+struct Format {
+  static constexpr bool kFp8 = kFormat == ActFormat::kFp8;
+  static constexpr int kGroupLanes = (kFp8 ? 128 : 64) / kUnitK;  // quantizer lanes per group
+  static constexpr int kUnitQBytes = kUnitK;  // q bytes of a unit: one e4m3 code per value
+};
+
+// Where this thread's units live in global memory: unit i of chunk c is at base + c * (bytes per
+// chunk) + i * step, row first_row + i * kQuantRowStep of the block. Offsets inside a row block fit
+// 32 bits (K <= 2^22).
+struct ThreadRows {
+  uint8_t* q;
+  uint8_t* scale;  // scale of the group this lane computes (lane u < kUnits of its group: unit u)
+  uint32_t q_step;
+  int rows_left;  // rows from first_row to M (unit i is inside M iff i * kQuantRowStep < rows_left)
+};
+
+// The 16 columns of this thread's unit column: lambda and its table reciprocal.
+struct ColumnLambdas {
+  float value[kUnitK];
+  float reciprocal[kUnitK];
+};
+
+__device__ __forceinline__ ColumnLambdas LoadColumnLambdas(uint32_t table, int unit_column) {
+  ColumnLambdas c;
+#pragma unroll
+  for (int j = 0; j < kUnitK; j += 4) {
+    const float4 l = LdShared128f(table + (unit_column * kUnitK + j) * 4);
+    const float4 r = LdShared128f(table + (kChunkK + unit_column * kUnitK + j) * 4);
+    c.value[j] = l.x, c.value[j + 1] = l.y, c.value[j + 2] = l.z, c.value[j + 3] = l.w;
+    c.reciprocal[j] = r.x, c.reciprocal[j + 1] = r.y, c.reciprocal[j + 2] = r.z, c.reciprocal[j + 3] = r.w;
+  }
+  return c;
+}
+
+// Group absmax over the group's lanes (4 for int4/uint4, 8 for fp8).
+template <ActFormat kFormat>
+__device__ __forceinline__ float GroupMax(float v) {
+#pragma unroll
+  for (int lanes = 1; lanes < Format<kFormat>::kGroupLanes; lanes *= 2) {
+    v = MaxNan(v, __shfl_xor_sync(0xffffffffu, v, lanes));
+  }
+  return v;
+}
+
+// X̂ = fp32(X) / lambda for the thread's units, and each unit's group absmax.
+template <class T, ActFormat kFormat, bool kExact, int kUnits>
+__device__ __forceinline__ void Smooth(const uint32_t (&raw)[kUnits][kUnitWords], const ColumnLambdas& lambdas,
+                                       float (&xh)[kUnits][kUnitK], float (&amax)[kUnits]) {
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    float local_max = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kUnitWords; ++w) {
+      float a[2];
+      Half<T>::Unpack(raw[i][w], a[0], a[1]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * w + h;
+        const float v = kExact ? __fdiv_rn(a[h], lambdas.value[j])
+                               : DivideFast(a[h], lambdas.value[j], lambdas.reciprocal[j]);
+        xh[i][j] = v;
+        local_max = MaxNan(local_max, fabsf(v));
+      }
+    }
+    amax[i] = GroupMax<kFormat>(local_max);
+  }
+}
+
+// Whether the fast path computed this unit's group exactly: absmax finite (no NaN from an
+// out-of-domain lambda) and below 2^40 and, for bf16, not made of tiny quotients only (an all-zero
+// unit is fine).
+template <class T>
+__device__ __forceinline__ bool FastGroupOk(float amax, const uint32_t (&raw)[kUnitWords]) {
+  if constexpr (Half<T>::kCanBeTiny) {
+    uint32_t bits = 0;
+#pragma unroll
+    for (int w = 0; w < kUnitWords; ++w) bits |= raw[w];
+    const bool unit_is_zero = (bits & 0x7fff7fffu) == 0;
+    return (amax < kSmoothedMax) & ((amax >= kTinyAbsmax) | ((amax == 0.0f) & unit_is_zero));
+  }
+  return amax < kSmoothedMax;
+}
+
+// A group's scale and what the division by it needs.
+struct GroupScale {
+  float scale;        // int4/uint4: widened from `bits`; fp8: the fp32 scale
+  uint16_t bits;      // int4/uint4: the scale in X's dtype
+  float divisor;      // scale, or 1 where q must be 0
+  float divisor_rcp;  // DivisionReciprocal(divisor), or 0 where q must be 0 (scale 0 or inf)
+  bool needs_clamp;   // |X̂ / scale| may round past the code range (subnormal scale)
+};
+
+template <class T, ActFormat kFormat, bool kExact>
+__device__ __forceinline__ GroupScale ScaleOf(float amax) {
+  GroupScale g;
+  if constexpr (kFormat == ActFormat::kFp8) {
+    // scale = absmax / 448 in fp32.
+    g.scale = kExact ? __fdiv_rn(amax, 448.0f) : DivideFast(amax, 448.0f, DivisionReciprocal(448.0f));
+    g.bits = 0;
+  } else {
+    // scale = absmax / qmax rounded to X's dtype.
+    constexpr float kQmax = kFormat == ActFormat::kUint4 ? 15.0f : 7.0f;
+    const float scale_f32 = kExact ? __fdiv_rn(amax, kQmax) : DivideFast(amax, kQmax, DivisionReciprocal(kQmax));
+    g.bits = Half<T>::Round(scale_f32);
+    g.scale = Half<T>::Widen(g.bits);
+  }
+  // Scale 0 (all-zero group, fp16 underflow) and inf (fp16 overflow: X̂ / inf = 0) give q = 0.
+  const bool zero_q = !(g.scale != 0.0f && g.scale < INFINITY);
+  g.divisor = zero_q ? 1.0f : g.scale;
+  g.divisor_rcp = zero_q ? 0.0f : DivisionReciprocal(g.scale);
+  // A scale normal in X's dtype is within 2^-8 of absmax / qmax, so |X̂ / scale| < qmax + 0.5 and rint
+  // stays in the code range without a clamp. Only a subnormal scale breaks that (in practice fp16:
+  // bf16 scales on the fast path are >= 2^-23). fp8 saturates in the conversion instead.
+  g.needs_clamp = kFormat != ActFormat::kFp8 && !zero_q && g.scale < Half<T>::kMinNormal;
+  return g;
+}
+
+// q bytes of one unit. Fast path: X̂ / divisor with its reciprocal (reciprocal 0: q = 0); exact path:
+// __fdiv_rn by the scale. kClamp: clamp before rounding (int4/uint4; exact path, subnormal scales).
+template <ActFormat kFormat, bool kExact, bool kClamp>
+__device__ __forceinline__ void StoreUnit(const float (&xh)[kUnitK], float divisor, float divisor_rcp, float scale,
+                                          uint8_t* q, bool store) {
+  const bool zero_q = divisor_rcp == 0.0f;
+  auto quotient = [&](float x) {
+    if constexpr (kExact) return zero_q ? 0.0f : __fdiv_rn(x, scale);
+    return DivideFast(x, divisor, divisor_rcp);  // +-0 where q must be 0
+  };
+  if constexpr (kFormat == ActFormat::kFp8) {
+    // q = e4m3(X̂ / scale), RNE, saturating; scale 0 => q 0 (bytes 0x00, not -0).
+    uint32_t packed[kUnitK / 4];
+#pragma unroll
+    for (int j = 0; j < kUnitK; j += 4) {
+      const uint32_t lo =
+          __nv_cvt_float2_to_fp8x2(make_float2(quotient(xh[j]), quotient(xh[j + 1])), __NV_SATFINITE, __NV_E4M3);
+      const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(quotient(xh[j + 2]), quotient(xh[j + 3])),
+                                                   __NV_SATFINITE, __NV_E4M3);
+      packed[j / 4] = zero_q ? 0u : lo | (hi << 16);
+    }
+    if (store) *reinterpret_cast<uint4*>(q) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  } else {
+    // q = clip(rint(X̂ / scale), lo, hi) as an e4m3 code. v + 1.5 * 2^23 (ulp 1) rounds v to an integer,
+    // ties to even; subtracting 1.5 * 2^23 again is exact and gives +0 for a zero (never -0, as the
+    // reference encodes the integer 0), so the e4m3 conversion of the integer (-8..15, exact) is the code.
+    constexpr bool kUnsigned = kFormat == ActFormat::kUint4;
+    constexpr float kLo = kUnsigned ? 0.0f : -8.0f, kHi = kUnsigned ? 15.0f : 7.0f;
+    constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+    auto integer = [&](float x) {
+      float v = quotient(x);
+      if constexpr (kClamp) {
+        v = fminf(fmaxf(v, kLo), kHi);
+      } else if constexpr (kUnsigned) {
+        v = fmaxf(v, 0.0f);  // negative X̂ saturate to 0
+      }
+      return __fadd_rn(__fadd_rn(v, kRound), -kRound);
+    };
+    uint32_t packed[kUnitK / 4];
+#pragma unroll
+    for (int j = 0; j < kUnitK; j += 4) {
+      const uint32_t lo =
+          __nv_cvt_float2_to_fp8x2(make_float2(integer(xh[j]), integer(xh[j + 1])), __NV_SATFINITE, __NV_E4M3);
+      const uint32_t hi =
+          __nv_cvt_float2_to_fp8x2(make_float2(integer(xh[j + 2]), integer(xh[j + 3])), __NV_SATFINITE, __NV_E4M3);
+      packed[j / 4] = lo | (hi << 16);
+    }
+    if (store) *reinterpret_cast<uint4*>(q) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
+template <ActFormat kFormat>
+__device__ __forceinline__ void StoreScale(const GroupScale& g, uint8_t* scale) {
+  if constexpr (kFormat == ActFormat::kFp8) {
+    *reinterpret_cast<float*>(scale) = g.scale;
+  } else {
+    *reinterpret_cast<uint16_t*>(scale) = g.bits;
+  }
+}
+
+template <ActFormat kFormat, bool kClamp, int kUnits, int kRowStep>
+__device__ __forceinline__ void StoreUnitsFast(const float (&xh)[kUnits][kUnitK], const float (&divisor)[kUnits],
+                                               const float (&divisor_rcp)[kUnits], const ThreadRows& rows,
+                                               uint32_t q_chunk, bool col_valid) {
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    StoreUnit<kFormat, false, kClamp>(xh[i], divisor[i], divisor_rcp[i], 0.0f, rows.q + (q_chunk + i * rows.q_step),
+                                      col_valid && i * kRowStep < rows.rows_left);
+  }
+}
+
+// Quantizes this thread's kUnits units of a staged chunk (rows first_row + i * kRowStep of the block,
+// unit column u = thread % 8).
+template <class T, ActFormat kFormat, int kUnits, int kRowStep>
+__device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, const ThreadRows& rows,
+                                              int unit_column, uint32_t q_chunk, uint32_t scale_chunk,
+                                              uint32_t scale_step, bool col_valid) {
+  using F = Format<kFormat>;
+  // This lane's position in its group: on the fast path lane u < kUnits computes (and stores) the
+  // scale of unit u for the whole group; on the exact path lane 0 stores them all.
+  const int group_lane = unit_column % F::kGroupLanes;
+  auto load_units = [&](uint32_t (&raw)[kUnits][kUnitWords]) {
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      // The unit's pieces 2u and 2u + 1 sit 128 bytes apart in the swizzled tile.
+      const uint4 lo = LdShared128(x_unit + i * kRowStep * kXRowBytes);
+      const uint4 hi = LdShared128(x_unit + i * kRowStep * kXRowBytes + 128);
+      raw[i][0] = lo.x, raw[i][1] = lo.y, raw[i][2] = lo.z, raw[i][3] = lo.w;
+      raw[i][4] = hi.x, raw[i][5] = hi.y, raw[i][6] = hi.z, raw[i][7] = hi.w;
+    }
+  };
+  auto unit_inside = [&](int i) { return col_valid && i * kRowStep < rows.rows_left; };
+  const ColumnLambdas lambdas = LoadColumnLambdas(table, unit_column);
+  float xh[kUnits][kUnitK], amax[kUnits];
+  bool fast_ok = true;
+  {
+    uint32_t raw[kUnits][kUnitWords];
+    load_units(raw);
+    Smooth<T, kFormat, false>(raw, lambdas, xh, amax);
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) fast_ok &= !col_valid | FastGroupOk<T>(amax[i], raw[i]);
+  }
+  if (__all_sync(0xffffffffu, fast_ok)) {
+    // Lane u < kUnits of each group computes unit u's scale and shares it with the group.
+    float my_amax = amax[0];
+#pragma unroll
+    for (int i = 1; i < kUnits; ++i) my_amax = group_lane == i ? amax[i] : my_amax;
+    const GroupScale mine = ScaleOf<T, kFormat, false>(my_amax);
+    if (group_lane < kUnits && unit_inside(group_lane)) StoreScale<kFormat>(mine, rows.scale + scale_chunk);
+    const int group_base = (threadIdx.x & 31) - group_lane;
+    float divisor[kUnits], divisor_rcp[kUnits];
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      divisor[i] = __shfl_sync(0xffffffffu, mine.divisor, group_base + i);
+      divisor_rcp[i] = __shfl_sync(0xffffffffu, mine.divisor_rcp, group_base + i);
+    }
+    if (!__any_sync(0xffffffffu, group_lane < kUnits && mine.needs_clamp)) {
+      StoreUnitsFast<kFormat, false, kUnits, kRowStep>(xh, divisor, divisor_rcp, rows, q_chunk, col_valid);
+    } else {
+      StoreUnitsFast<kFormat, true, kUnits, kRowStep>(xh, divisor, divisor_rcp, rows, q_chunk, col_valid);
+    }
+  } else {
+    // Rare (values or lambdas outside the fast division's domain): redo with __fdiv_rn.
+    uint32_t raw[kUnits][kUnitWords];
+    load_units(raw);
+    Smooth<T, kFormat, true>(raw, lambdas, xh, amax);
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      const GroupScale g = ScaleOf<T, kFormat, true>(amax[i]);
+      if (group_lane == 0 && unit_inside(i)) StoreScale<kFormat>(g, rows.scale + (scale_chunk + i * scale_step));
+      StoreUnit<kFormat, true, true>(xh[i], g.divisor, g.divisor_rcp, g.scale, rows.q + (q_chunk + i * rows.q_step),
+                                     unit_inside(i));
+    }
+  }
+}
+
+// ---- kernel ---------------------------------------------------------------------------------------
+
+// kClusterSplit: the launch is a cluster of p.k_splits CTAs along y that sum their LA partials (rank > 0
+// and k_splits > 1 only); otherwise each CTA writes its own q, scales and (k_splits == 1) LA.
+template <class T, ActFormat kFormat, int kBlockRows, int kRankCap, bool kClusterSplit>
+__global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, 1)
+    ActQuantKernel(const __grid_constant__ Params p) {
+  static_assert(!kClusterSplit || kRankCap > 0, "only the LA reduction needs a cluster");
+  using Cfg = TileConfig<kBlockRows, kRankCap>;
+  using F = Format<kFormat>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t smem_base = SmemAddress(smem);
+  const uint32_t table_base = smem_base + Cfg::kRingBytes;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  const int split = blockIdx.y;  // K range index (rank in the cluster when kClusterSplit)
+  const int chunk_begin = static_cast<int>(static_cast<int64_t>(p.num_chunks) * split / p.k_splits);
+  const int chunk_end = static_cast<int>(static_cast<int64_t>(p.num_chunks) * (split + 1) / p.k_splits);
+  const int num_local_chunks = chunk_end - chunk_begin;
+  const uint32_t k = p.k;
+  const int64_t rows_left_in_block = p.rows - row0;
+
+  // Copies: thread t copies piece pi(t % 16) of rows t / 16 + j * kCopyRowStep; pi sends lanes 0-7 to
+  // the even pieces and lanes 8-15 to the odd ones, so each 8-lane phase writes 8 bank groups.
+  const int copy_row = tid / kPiecesPerRow;
+  const int copy_lane = tid % kPiecesPerRow;
+  const int copy_piece = ((copy_lane & 7) << 1) | (copy_lane >> 3);
+  const uint32_t copy_dst = XPieceOffset(copy_row, copy_piece);
+  const uint8_t* copy_src = p.x + (row0 + copy_row) * p.k * 2 + copy_piece * kPieceBytes;
+  const int rows_left = static_cast<int>(rows_left_in_block < kBlockRows ? rows_left_in_block : kBlockRows);
+  const int copy_rows_left = rows_left - copy_row;
+  const uint32_t copy_src_step = Cfg::kCopyRowStep * k * 2;
+
+  // Quantizer: unit column u = t % 8 of rows t / 8 + i * kQuantRowStep.
+  const int unit_column = tid % kUnitsPerRow;
+  const int first_row = tid / kUnitsPerRow;
+  const uint32_t x_unit = XPieceOffset(first_row, 2 * unit_column);
+  const int group_lane = unit_column % F::kGroupLanes;
+  const uint32_t q_row_bytes = k;  // one byte per value
+  const uint32_t scale_row_bytes = F::kFp8 ? k / 128 * 4 : k / 64 * 2;
+  const uint32_t scale_step = Cfg::kQuantRowStep * scale_row_bytes;
+  ThreadRows rows;
+  rows.q = p.q + (row0 + first_row) * q_row_bytes + unit_column * F::kUnitQBytes;
+  // The scale this lane may store on the fast path: unit group_lane's row, this lane's group.
+  rows.scale = p.scales + (row0 + first_row) * scale_row_bytes + group_lane * scale_step +
+               (F::kFp8 ? 0 : unit_column / F::kGroupLanes * 2);
+  rows.q_step = Cfg::kQuantRowStep * q_row_bytes;
+  rows.rows_left = rows_left - first_row;
+
+  const int rank = kRankCap == 0 ? 0 : p.rank;
+  const int lora_units_per_row = rank / 8;  // 16-byte pieces of an L_down row
+
+  auto stage = [&](int slot) { return smem_base + slot * Cfg::kStageBytes; };
+  auto table = [&](int chunk_index) { return table_base + (chunk_index & 1) * (2 * kChunkK * 4); };
+
+  // Copies chunk `chunk` (X and L_down tiles) and the next chunk's lambdas into a stage.
+  auto load_chunk = [&](int slot, int chunk) {
+    const uint32_t x_tile = stage(slot);
+    const int k_begin = chunk * kChunkK;
+    const bool col_valid = k_begin + copy_piece * 8 < p.k;
+    const uint8_t* src = copy_src + k_begin * 2;
+#pragma unroll
+    for (int j = 0; j < Cfg::kCopiesPerThread; ++j) {
+      const bool valid = col_valid && j * Cfg::kCopyRowStep < copy_rows_left;
+      CpAsync16(x_tile + copy_dst + j * Cfg::kCopyRowStep * kXRowBytes, valid ? src + j * copy_src_step : p.x, valid);
+    }
+    if (tid < kChunkK / 4) {
+      const int k_next = k_begin + kChunkK + tid * 4;
+      const bool valid = chunk + 1 < chunk_end && k_next < p.k;
+      CpAsync16(x_tile + Cfg::kXTileBytes + tid * kPieceBytes, valid ? p.smooth + k_next : p.smooth, valid);
+    }
+    if constexpr (kRankCap > 0) {
+      // Piece j of L_down row kk of the chunk: pieces are dealt over the instance's row capacity
+      // (kRankCap / 8 per row, a power of two); those past the actual rank are skipped.
+      constexpr int kCapPiecesPerRow = kRankCap / 8;
+      const int valid_rows = min(kChunkK, p.k - k_begin);
+      const uint8_t* chunk_src = p.lora_down + static_cast<int64_t>(k_begin) * rank * 2;
+      const uint32_t l_tile = x_tile + Cfg::kXTileBytes + Cfg::kLambdaBytes;
+#pragma unroll
+      for (int i = 0; i < Cfg::kLoraLoadsPerThread; ++i) {
+        const int piece = tid + i * Cfg::kThreads;
+        const int kk = piece / kCapPiecesPerRow, j = piece % kCapPiecesPerRow;
+        if (j < lora_units_per_row) {
+          const bool valid = kk < valid_rows;
+          CpAsync16(l_tile + kk * Cfg::kLoraRowPitch + j * kPieceBytes,
+                    valid ? chunk_src + (kk * lora_units_per_row + j) * kPieceBytes : p.lora_down, valid);
+        }
+      }
+    }
+  };
+
+  // Low-rank: this warp's 16-row tile and n16 column pairs; per-lane ldmatrix offsets inside a stage.
+  // A: row (lane % 16), piece 2 ks + lane / 16: XPieceOffset is a_lane ^ (ks << 4).
+  const int row_tile = warp % Cfg::kRowTiles;
+  const int col_group = warp / Cfg::kRowTiles;
+  const int num_pairs = rank / 16;
+  const uint32_t a_lane = XPieceOffset(row_tile * 16 + (lane & 15), lane >> 4);
+  const uint32_t b_lane = Cfg::kXTileBytes + Cfg::kLambdaBytes +
+                          ((lane & 7) + ((lane >> 3) & 1) * 8) * Cfg::kLoraRowPitch + (lane >> 4) * kPieceBytes;
+  float acc[Cfg::kPairsPerWarp > 0 ? Cfg::kPairsPerWarp : 1][2][4] = {};
+
+  auto low_rank_chunk = [&](int slot) {
+    if constexpr (kRankCap > 0) {
+#pragma unroll
+      for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
+        const int pair = col_group + pp * Cfg::kColGroups;
+        if (pair >= num_pairs) break;  // warp-uniform
+        const uint32_t b_base = stage(slot) + b_lane + pair * 2 * kPieceBytes;
+#pragma unroll
+        for (int ks = 0; ks < kChunkK / 16; ++ks) {
+          uint32_t a[4], b[4];
+          LdMatrixX4(a, stage(slot) + (a_lane ^ (ks << 4)));
+          LdMatrixX4Trans(b, b_base + ks * 16 * Cfg::kLoraRowPitch);
+          Mma16816<T>(acc[pp][0], a, b[0], b[1]);
+          Mma16816<T>(acc[pp][1], a, b[2], b[3]);
+        }
+      }
+    }
+  };
+
+  // ---- main loop: kStages-deep cp.async ring; the column table runs one chunk ahead ----
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < num_local_chunks) load_chunk(s, chunk_begin + s);
+    CpAsyncCommit();
+  }
+  if (tid < kChunkK && num_local_chunks > 0) {  // the first chunk's table, straight from global memory
+    const int kk = chunk_begin * kChunkK + tid;
+    const float lambda = kk < p.k ? p.smooth[kk] : 0.0f;
+    StShared32f(table(0) + tid * 4, lambda);
+    StShared32f(table(0) + (kChunkK + tid) * 4, TableReciprocal(lambda));
+  }
+  for (int i = 0, slot = 0; i < num_local_chunks; ++i, slot = slot + 1 == Cfg::kStages ? 0 : slot + 1) {
+    CpAsyncWait<Cfg::kStages - 2>();
+    __syncthreads();  // chunk i and table i visible to all; everyone is done with chunk i - 1's slot
+    if (tid < kChunkK) {  // table i + 1 from the lambdas staged with chunk i
+      const float lambda = LdShared32f(stage(slot) + Cfg::kXTileBytes + tid * 4);
+      StShared32f(table(i + 1) + tid * 4, lambda);
+      StShared32f(table(i + 1) + (kChunkK + tid) * 4, TableReciprocal(lambda));
+    }
+    const int next = i + Cfg::kStages - 1;  // goes to chunk i - 1's slot
+    if (next < num_local_chunks) load_chunk(slot == 0 ? Cfg::kStages - 1 : slot - 1, chunk_begin + next);
+    CpAsyncCommit();
+    low_rank_chunk(slot);
+    const int chunk = chunk_begin + i;
+    QuantizeChunk<T, kFormat, Cfg::kUnits, Cfg::kQuantRowStep>(
+        stage(slot) + x_unit, table(i), rows, unit_column, chunk * (kChunkK * F::kUnitQBytes / kUnitK),
+        chunk * 4 /* one fp32 or two 16-bit scales per row */, scale_step, chunk * kChunkK + unit_column * kUnitK < p.k);
+  }
+
+  // ---- epilogue: LA ----
+  if constexpr (kRankCap > 0) {
+    const int g = lane >> 2, c = lane & 3;
+    if constexpr (!kClusterSplit) {  // k_splits == 1: this CTA holds the whole sum
+#pragma unroll
+      for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
+        const int pair = col_group + pp * Cfg::kColGroups;
+        if (pair >= num_pairs) break;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int col = pair * 16 + half * 8 + 2 * c;
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) {
+            const int r = row_tile * 16 + g + rh * 8;
+            if (r < rows_left) {
+              *reinterpret_cast<float2*>(p.la + (row0 + r) * rank + col) =
+                  make_float2(acc[pp][half][2 * rh], acc[pp][half][2 * rh + 1]);
+            }
+          }
+        }
+      }
+    } else {
+      // K split over the cluster: partials through distributed shared memory, summed in rank order.
+      CpAsyncWait<0>();
+      __syncthreads();  // the ring and the table are free
+#pragma unroll
+      for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
+        const int pair = col_group + pp * Cfg::kColGroups;
+        if (pair >= num_pairs) break;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int col = pair * 16 + half * 8 + 2 * c;
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) {
+            const int r = row_tile * 16 + g + rh * 8;
+            StShared64f(smem_base + (r * Cfg::kPartialPitch + col) * 4, acc[pp][half][2 * rh],
+                        acc[pp][half][2 * rh + 1]);
+          }
+        }
+      }
+      cg::cluster_group cluster = cg::this_cluster();
+      cluster.sync();  // all partials written and visible cluster-wide
+      const float* partial = reinterpret_cast<const float*>(smem);
+      const int rows_per_rank = kBlockRows / p.k_splits;
+      const int quads_per_row = rank / 4;
+      for (int item = tid; item < rows_per_rank * quads_per_row; item += Cfg::kThreads) {
+        const int r = split * rows_per_rank + item / quads_per_row;
+        const int col = (item % quads_per_row) * 4;
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int s = 0; s < p.k_splits; ++s) {
+          const float4 v = *reinterpret_cast<const float4*>(cluster.map_shared_rank(partial, s) +
+                                                            r * Cfg::kPartialPitch + col);
+          sum.x += v.x;
+          sum.y += v.y;
+          sum.z += v.z;
+          sum.w += v.w;
+        }
+        if (r < rows_left) *reinterpret_cast<float4*>(p.la + (row0 + r) * rank + col) = sum;
+      }
+      cluster.sync();  // keep every CTA's shared memory alive until all reads are done
+    }
+  }
+}
+
+// ---- launch ---------------------------------------------------------------------------------------
+
+template <class T, ActFormat kFormat, int kBlockRows, int kRankCap, bool kClusterSplit>
+cudaError_t LaunchInstance(const Params& params, int device, int row_blocks, cudaStream_t stream) {
+  using Cfg = TileConfig<kBlockRows, kRankCap>;
+  auto kernel = ActQuantKernel<T, kFormat, kBlockRows, kRankCap, kClusterSplit>;
+  // Opt in to more than 48 KB of dynamic shared memory, once per device (a function attribute is a
+  // property of the device's context).
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> configured[kMaxDevices] = {};
+  if (device >= kMaxDevices || !configured[device].load(std::memory_order_acquire)) {
+    const cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (status != cudaSuccess) return status;
+    if (device < kMaxDevices) configured[device].store(true, std::memory_order_release);
+  }
+
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(params.k_splits), 1);
+  config.blockDim = dim3(Cfg::kThreads, 1, 1);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  // The cluster spans the grid's y extent exactly (k_splits <= 8, portable), so it divides the grid.
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = 1;
+  attribute[0].val.clusterDim.y = static_cast<unsigned>(params.k_splits);
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = kClusterSplit ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, params);
+}
+
+// The cluster instance exactly when LA partials must be summed across CTAs.
+template <class T, ActFormat kFormat, int kBlockRows, int kRankCap>
+cudaError_t Launch(const Params& params, int device, int row_blocks, cudaStream_t stream) {
+  if constexpr (kRankCap > 0) {
+    if (params.k_splits > 1) {
+      return LaunchInstance<T, kFormat, kBlockRows, kRankCap, true>(params, device, row_blocks, stream);
+    }
+  }
+  return LaunchInstance<T, kFormat, kBlockRows, kRankCap, false>(params, device, row_blocks, stream);
+}
+
+template <class T, ActFormat kFormat, int kBlockRows>
+cudaError_t DispatchRank(const Params& params, int device, int row_blocks, cudaStream_t stream) {
+  // Rank buckets: the smallest instance that holds the rank. 128-row blocks keep their LA
+  // accumulators in registers up to rank 64 (kMaxRankFor128Rows).
+  if (params.rank == 0) return Launch<T, kFormat, kBlockRows, 0>(params, device, row_blocks, stream);
+  if (params.rank <= 32) return Launch<T, kFormat, kBlockRows, 32>(params, device, row_blocks, stream);
+  if constexpr (kBlockRows == 128) {
+    if (params.rank <= kMaxRankFor128Rows) {
+      return Launch<T, kFormat, kBlockRows, kMaxRankFor128Rows>(params, device, row_blocks, stream);
+    }
+  } else {
+    if (params.rank <= 128) return Launch<T, kFormat, kBlockRows, 128>(params, device, row_blocks, stream);
+    return Launch<T, kFormat, kBlockRows, 256>(params, device, row_blocks, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class T, ActFormat kFormat>
+cudaError_t DispatchShape(Params params, cudaStream_t stream) {
+  int device = 0, sms = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (status != cudaSuccess) return status;
+  // Aim for about one CTA per SM. Largest row block whose row blocks, split at most 8 ways along K,
+  // reach that (fewer L_down re-reads); then the smallest power-of-two K split that does.
+  const int64_t target = sms * 9 / 10;
+  auto blocks = [&](int block_rows) { return (params.rows + block_rows - 1) / block_rows; };
+  int block_rows = 16;
+  if (params.rank <= kMaxRankFor128Rows && blocks(128) * kMaxClusterSplit >= target) {
+    block_rows = 128;
+  } else if (blocks(64) * kMaxClusterSplit >= target) {
+    block_rows = 64;
+  }
+  const int64_t row_blocks = blocks(block_rows);
+  if (row_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  int splits = 1;
+  while (splits < kMaxClusterSplit && row_blocks * splits < target && 2 * splits <= params.num_chunks) splits *= 2;
+  params.k_splits = splits;
+  const int rb = static_cast<int>(row_blocks);
+  switch (block_rows) {
+    case 128:
+      return DispatchRank<T, kFormat, 128>(params, device, rb, stream);
+    case 64:
+      return DispatchRank<T, kFormat, 64>(params, device, rb, stream);
+    default:
+      return DispatchRank<T, kFormat, 16>(params, device, rb, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
+  const bool fp8 = args.format == ActFormat::kFp8;
+  const int64_t group = fp8 ? 128 : 64;
+  if (args.rows < 0 || args.k <= 0 || args.k % group != 0 || args.k > kMaxK) {
+    return cudaErrorInvalidValue;
+  }
+  if (args.rank < 0 || args.rank > kMaxRank || args.rank % 16 != 0) return cudaErrorInvalidValue;
+  if (args.rows == 0) return cudaSuccess;
+  Params params = {};
+  params.x = static_cast<const uint8_t*>(args.x);
+  params.smooth = args.smooth;
+  params.lora_down = static_cast<const uint8_t*>(args.lora_down);
+  params.q = static_cast<uint8_t*>(args.q);
+  params.scales = static_cast<uint8_t*>(args.scales);
+  params.la = args.la;
+  params.rows = args.rows;
+  params.k = static_cast<int>(args.k);
+  params.rank = static_cast<int>(args.rank);
+  params.num_chunks = static_cast<int>((args.k + kChunkK - 1) / kChunkK);
+  params.k_splits = 1;
+  auto dispatch = [&](auto format) {
+    constexpr ActFormat kFormat = decltype(format)::value;
+    return args.dtype == HalfType::kBf16 ? DispatchShape<__nv_bfloat16, kFormat>(params, stream)
+                                         : DispatchShape<__half, kFormat>(params, stream);
+  };
+  switch (args.format) {
+    case ActFormat::kInt4:
+      return dispatch(std::integral_constant<ActFormat, ActFormat::kInt4>{});
+    case ActFormat::kUint4:
+      return dispatch(std::integral_constant<ActFormat, ActFormat::kUint4>{});
+    case ActFormat::kFp8:
+      return dispatch(std::integral_constant<ActFormat, ActFormat::kFp8>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jax_w4a4::sm90

@@ -1,0 +1,35 @@
+// Launcher of the fused activation-quantization kernel (act_quant.cu). The byte contract of every
+// buffer is docs/layouts.md, section act_quant; the FFI handler (csrc/ffi/act_quant_ffi.cc) validates
+// shapes and dtypes before calling in here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace jax_w4a4::sm90 {
+
+enum class HalfType { kBf16, kFp16 };
+inline constexpr int64_t kActQuantMaxK = int64_t{1} << 22;
+enum class ActFormat { kInt4, kUint4, kFp8 };
+
+struct ActQuantArgs {
+  const void* x;          // (rows, k) bf16/fp16
+  const float* smooth;    // (k,) fp32, lambda
+  const void* lora_down;  // (k, rank) x dtype; unused when rank == 0
+  void* q;                // uint8 (rows, k): one float8_e4m3fn code per value, every format
+  void* scales;           // (rows, k/64) x dtype or (rows, k/128) fp32
+  float* la;              // (rows, rank) fp32; unused when rank == 0
+  int64_t rows;
+  int64_t k;
+  int64_t rank;
+  HalfType dtype;
+  ActFormat format;
+};
+
+// Enqueues the kernel on `stream` (no host sync, no allocation, CUDA-graph safe). Returns
+// cudaErrorInvalidValue for shapes outside the kernel's contract (k % 64 for int4/uint4, k % 128 for
+// fp8, k <= kActQuantMaxK, rank % 16 == 0 and <= 256), otherwise the launch status.
+cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream);
+
+}  // namespace jax_w4a4::sm90

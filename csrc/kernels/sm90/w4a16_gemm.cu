@@ -1,0 +1,732 @@
+// w4a16_gemm (sm_90a, MARLIN class): Y (M, N) = X (M, K) · Ŵᵀ + β with Ŵ[n,k] = (q[n,k] − z[n,g]) · s[n,g],
+// X bf16/fp16, q uint4 prepacked offline (jax_w4a4/formats/w4a16_layout.py), fp32 accumulation.
+// Byte contract: docs/layouts.md, section w4a16_gemm. Built for decode: M = 1..64 per CTA, the time is
+// the time to stream the 4-bit weights once from HBM.
+//
+// Orientation. W is the MMA's A operand (m16 = 16 rows of W), X the B operand (n8 = 8 tokens), so
+// Yᵀ tiles are 16 n x 8 m: 8 tokens fill an MMA (16 in MARLIN's orientation). mma.sync m16n8k16, fp32
+// accumulation.
+//
+// Numerics: exact Ŵ. The dequantized A fragment is (q − z), exact in bf16/fp16; the MMAs of one group
+// accumulate Σ x·(q − z) into fp32 partials, and at the group's end the partials are promoted with one
+// fp32 FMA per element: acc += s · partial. (MARLIN instead rounds (q − z)·s to bf16, a 2^-9 relative
+// error per weight.) The only roundings are fp32 accumulation and the final cast, like the reference.
+//
+// Work split. A CTA owns `warps` x 32 rows of W (4..8 warps, each warp 32 rows = two m16 tiles) and a
+// K range (split-K over `splits` CTAs), chosen on the host so one wave covers the 132 SMs. Tokens beyond
+// 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to scratch in MMA
+// fragment order; the last CTA of a tile to arrive (ticket counter, zeroed in-stream by a memset) sums
+// them in split order — deterministic, no host sync, CUDA-graph safe.
+//
+// Pipelines (every thread takes every role, one __syncthreads per stage):
+//  * main ring, kStages deep, one stage = one 64-wide K atom: each lane cp.async's its own two 16-byte
+//    fragment words (16 rows x 64 k of W in fragment order, L2::evict_first: read exactly once), and
+//    the CTA copies the X tile (rows x 64 k, 16-byte cp.async) into a padded, ldmatrix-friendly row.
+//  * scale periods: scales and zeros of 8 groups at a time (raw (N, K/G) layout, 2-byte loads, so any
+//    row pitch works) are fetched into registers one period ahead; at the period switch they become
+//    two double-buffered shared tables: fp32 scales and the dequantization subtrahends −(magic + z).
+//  * compute: per k16 step and m16 tile, lop3 + fma dequantization (the 0x6400 fp16 / 0x4300 bf16
+//    exponent tricks; no lookup tables), ldmatrix for X, mma.sync, promotion at group ends.
+//  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials, ticket, ordered reduction).
+// Act-order: the weights are stored in argsort(g_idx) order; LaunchGemm first gathers X's columns in
+// that order (a small kernel, scratch) and checks g_idx against the stored permutation: a mismatch
+// turns the affected columns into NaN, so a wrong g_idx can never give a plausible wrong answer.
+//
+// Shared memory per CTA (Config computes it and static_asserts it against 227 KB):
+//   kStages x (8 KB weights + M_tile x 144 B of X) + 32 KB scale tables + 16 B ticket flag
+//   = 178 KB (M_tile 8, 16 stages), 196 KB (16, 16), 219.5 KB (32, 15), 219 KB (64, 11).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/sm90/w4a16_gemm.h"
+
+namespace jax_w4a4::sm90::w4a16 {
+namespace {
+
+// ------------------------------------------------------------------------------------------ geometry
+
+constexpr int kAtomRows = 16;                     // one m16 MMA tile of W
+constexpr int kAtomCols = 64;                     // four k16 MMA steps
+constexpr int kAtomBytes = kAtomRows * kAtomCols / 2;   // 512 B = 32 lanes x 16 B
+constexpr int kTilesPerWarp = 2;                  // m16 tiles of W per warp
+constexpr int kWarpRows = kTilesPerWarp * kAtomRows;    // 32
+constexpr int kMinWarps = 4;
+constexpr int kMaxWarps = 8;
+constexpr int kMaxBlockRows = kMaxWarps * kWarpRows;    // 256 rows of W per CTA at most
+constexpr int kStageWeightBytes = kMaxWarps * kTilesPerWarp * kAtomBytes;  // 8 KB
+constexpr int kXRowPitch = kAtomCols * 2 + 16;    // 144 B: 8 rows at one column hit 8 bank quads
+constexpr int kGroupsPerPeriod = 8;
+constexpr int kTableEntries = kGroupsPerPeriod * kMaxBlockRows;  // one buffer of one table
+// Two tables (dequantization subtrahends, fp32 scales), each double-buffered: 32 KB.
+constexpr int kScaleTablesBytes = 2 * 2 * kTableEntries * 4;
+constexpr int kFlagBytes = 16;
+constexpr int kMaxSmemPerBlock = 227 * 1024;
+constexpr int kMaxStages = 16;
+constexpr int kMaxTokensPerBlock = 64;
+constexpr int64_t kMaxK = int64_t{1} << 24;         // keeps in-kernel offsets in 32 bits
+constexpr int kMaxGridY = 65535;
+constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
+
+template <int kMTiles_>
+struct Config {
+  static constexpr int kMTiles = kMTiles_;        // n8 tiles of tokens
+  static constexpr int kBlockM = 8 * kMTiles;     // tokens per CTA
+  static constexpr int kStageXBytes = kBlockM * kXRowPitch;
+  static constexpr int kStageBytes = kStageWeightBytes + kStageXBytes;
+  static constexpr int kFixedBytes = kScaleTablesBytes + kFlagBytes;
+  // X tile copies per thread and stage (16 B each; at least kMinWarps warps share them).
+  static constexpr int kXCopiesPerThread = (kBlockM * 8 + kMinWarps * 32 - 1) / (kMinWarps * 32);
+  static constexpr int kStages = std::min(kMaxStages, (kMaxSmemPerBlock - kFixedBytes) / kStageBytes);
+  static constexpr int kWeightRingOffset = 0;
+  static constexpr int kXRingOffset = kWeightRingOffset + kStages * kStageWeightBytes;
+  static constexpr int kTableOffset = kXRingOffset + kStages * kStageXBytes;
+  static constexpr int kFlagOffset = kTableOffset + kScaleTablesBytes;
+  static constexpr int kSmemBytes = kFlagOffset + kFlagBytes;
+
+  static_assert(kMTiles == 1 || kMTiles % 2 == 0, "ldmatrix.x4 loads token tiles in pairs");
+  static_assert(kBlockM <= kMaxTokensPerBlock);
+  static_assert(kStages >= 4, "the ring must hide HBM latency");
+  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget");
+  static_assert(kXRingOffset % 16 == 0 && kStageXBytes % 16 == 0 && kTableOffset % 16 == 0,
+                "cp.async and ldmatrix need 16-byte aligned rows");
+};
+
+struct KernelParams {
+  const void* x;             // (m, k) activations, or their act-order gather
+  const uint8_t* qweight;    // prepacked weights: row block nb at nb * atoms * 512 bytes
+  const void* scales;        // (n, groups) raw
+  const uint8_t* zeros;      // (n, groups) raw, or nullptr
+  const void* bias;          // (n,) or nullptr
+  void* y;                   // (m, n)
+  float4* partials;          // split-K scratch, or nullptr
+  int* tickets;              // split-K arrival counters (zeroed before the launch), or nullptr
+  const int32_t* act_order_flag;  // prepacked tail flag to check (no g_idx given), or nullptr
+  int m, n, k;
+  int group_shift;           // log2(group_size), or kPerChannelShift: groups are powers of two or all of K
+  int groups, atoms;         // groups = k / group_size, atoms = k / 64
+  int warps, n_tiles, splits;
+};
+
+// --------------------------------------------------------------------------------------- PTX helpers
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// Weights: streamed once, so they must not push X and the scales out of L2.
+__device__ __forceinline__ void CopyAsyncStreaming(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
+               :: "r"(dst), "l"(src), "l"(policy) : "memory");
+}
+
+__device__ __forceinline__ void CopyAsync(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void CommitGroup() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int kPending>
+__device__ __forceinline__ void WaitGroup() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ uint4 LoadShared128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void LoadMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+
+// (a & mask) | magic: one lop3.
+__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t Fma2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  } else {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  }
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T v) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(v);
+  } else {
+    return __bfloat162float(v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(v);
+  } else {
+    return __float2bfloat16_rn(v);
+  }
+}
+
+// ---------------------------------------------------------------------------- dequantization (bits)
+//
+// A fragment word holds 8 nibbles; nibbles (p, p + 4) are the two halves of A register p (row g for
+// even p, row g + 8 for odd p; w4a16_layout.py).
+//
+// bf16: (w >> 4p) & 0x000f000f | 0x4300 gives 128 + q in each half (bf16 ulp at 128 is 1), and
+//       fma(·, 1, −(128 + z)) gives q − z exactly.
+// fp16: w & 0x000f000f | 0x6400 gives 1024 + q (ulp 1); w & 0x00f000f0 | 0x6400 gives 1024 + 16 q,
+//       and fma(·, 1/16, −(64 + z)) = q − z exactly: four registers from one shift. Rows g use the
+//       low-nibble path, rows g + 8 the high-nibble one, so each row has one fixed subtrahend form.
+// The subtrahends −(magic + z) are built once per scale period, into the subtrahend table.
+
+struct Subtrahends {
+  uint32_t row_lo;  // for the registers of row g
+  uint32_t row_hi;  // for the registers of row g + 8
+};
+
+// −(magic + z) in both halves, for a row in the lower (rows 0..7) or upper (8..15) half of its m16 tile.
+template <typename T>
+__device__ __forceinline__ uint32_t NegatedSubtrahend(uint32_t zero, bool upper_rows) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return upper_rows ? 0xD400D400u | ((zero << 4) * 0x10001u)   // −(64 + z), high-nibble path
+                      : 0xE400E400u | (zero * 0x10001u);        // −(1024 + z), low-nibble path
+  } else {
+    return 0xC300C300u | (zero * 0x10001u);  // −(128 + z)
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float ScaleToFloat(uint32_t bits) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  } else {
+    return __uint_as_float(bits << 16);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void Dequantize(uint32_t w, const Subtrahends& sub, uint32_t (&a)[4]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    constexpr uint32_t kOne = 0x3C003C00u, kSixteenth = 0x2C002C00u, kMagic = 0x64006400u;
+    const uint32_t shifted = w >> 8;
+    a[0] = Fma2<T>(AndOr(w, 0x000F000Fu, kMagic), kOne, sub.row_lo);
+    a[1] = Fma2<T>(AndOr(w, 0x00F000F0u, kMagic), kSixteenth, sub.row_hi);
+    a[2] = Fma2<T>(AndOr(shifted, 0x000F000Fu, kMagic), kOne, sub.row_lo);
+    a[3] = Fma2<T>(AndOr(shifted, 0x00F000F0u, kMagic), kSixteenth, sub.row_hi);
+  } else {
+    constexpr uint32_t kOne = 0x3F803F80u, kMagic = 0x43004300u;
+    a[0] = Fma2<T>(AndOr(w, 0x000F000Fu, kMagic), kOne, sub.row_lo);
+    a[1] = Fma2<T>(AndOr(w >> 4, 0x000F000Fu, kMagic), kOne, sub.row_hi);
+    a[2] = Fma2<T>(AndOr(w >> 8, 0x000F000Fu, kMagic), kOne, sub.row_lo);
+    a[3] = Fma2<T>(AndOr(w >> 12, 0x000F000Fu, kMagic), kOne, sub.row_hi);
+  }
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+// First group of an atom (groups are 32, 64, 128 or k wide; atoms 64): shifts, not divisions.
+__device__ __forceinline__ int GroupOfAtom(int atom, int group_shift) {
+  return (atom * kAtomCols) >> group_shift;
+}
+
+// ---------------------------------------------------------------------------------------- the GEMM
+
+template <typename T, int kMTiles>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1) W4a16GemmKernel(const KernelParams p) {
+  using Cfg = Config<kMTiles>;
+  constexpr int kStages = Cfg::kStages;
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int threads = p.warps * 32;
+  const int block_rows = p.warps * kWarpRows;
+  const int tile = blockIdx.x / p.splits;
+  const int split = blockIdx.x % p.splits;
+  const int m_block = blockIdx.y;
+  const int n0 = tile * block_rows;
+  const int m0 = m_block * Cfg::kBlockM;
+  const int rows_m = min(Cfg::kBlockM, p.m - m0);
+  const int atom_begin = static_cast<int>(static_cast<int64_t>(split) * p.atoms / p.splits);
+  const int atom_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.atoms / p.splits);
+  const int num_atoms = atom_end - atom_begin;
+  const bool warp_active = n0 + warp * kWarpRows < p.n;  // n % 32 == 0: whole warps are in or out
+  const bool group32 = p.group_shift == 5;                // two groups per atom
+  const int group_mask = (1 << p.group_shift) - 1;
+
+  const uint32_t weight_ring = SharedAddress(smem + Cfg::kWeightRingOffset);
+  const uint32_t x_ring = SharedAddress(smem + Cfg::kXRingOffset);
+  uint32_t* subtrahend_table = reinterpret_cast<uint32_t*>(smem + Cfg::kTableOffset);
+  float* scale_table = reinterpret_cast<float*>(smem + Cfg::kTableOffset + 2 * kTableEntries * 4);
+
+  // ---- main ring: producer side
+  const uint64_t evict_first = EvictFirstPolicy();
+  const size_t row_block_bytes = static_cast<size_t>(p.atoms) * kAtomBytes;
+  const uint8_t* weight_src =
+      p.qweight + static_cast<size_t>(n0 / kAtomRows + warp * kTilesPerWarp) * row_block_bytes + lane * 16;
+  const uint32_t weight_lane_offset = (warp * kTilesPerWarp * 32 + lane) * 16;
+  const T* x_src = static_cast<const T*>(p.x) + static_cast<size_t>(m0) * p.k;
+  int x_src_offset[Cfg::kXCopiesPerThread];  // element offset of this thread's 16-byte X chunks, or -1
+  uint32_t x_dst_offset[Cfg::kXCopiesPerThread];
+#pragma unroll
+  for (int q = 0; q < Cfg::kXCopiesPerThread; ++q) {
+    const int chunk = tid + q * threads;
+    const int row = chunk / 8, column = (chunk % 8) * 8;
+    x_src_offset[q] = chunk < rows_m * 8 ? row * p.k + column : -1;
+    x_dst_offset[q] = row * kXRowPitch + column * 2;
+  }
+
+  auto issue_stage = [&](int i) {
+    const int atom = atom_begin + i;
+    const unsigned slot = static_cast<unsigned>(i) % kStages;
+    if (warp_active) {
+      const uint32_t dst = weight_ring + slot * kStageWeightBytes + weight_lane_offset;
+      const uint8_t* src = weight_src + static_cast<size_t>(atom) * kAtomBytes;
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) {
+        CopyAsyncStreaming(dst + t * kAtomBytes, src + t * row_block_bytes, evict_first);
+      }
+    }
+    const uint32_t x_dst = x_ring + slot * Cfg::kStageXBytes;
+#pragma unroll
+    for (int q = 0; q < Cfg::kXCopiesPerThread; ++q) {
+      if (x_src_offset[q] >= 0) CopyAsync(x_dst + x_dst_offset[q], x_src + x_src_offset[q] + atom * kAtomCols);
+    }
+  };
+
+  // Rows of the X tile past M are never copied: zero them once so their MMA columns stay finite.
+  {
+    const int pad_chunks = (Cfg::kBlockM - rows_m) * (kXRowPitch / 16);
+    for (int c = tid; c < kStages * pad_chunks; c += threads) {
+      const int stage = c / pad_chunks, chunk = c % pad_chunks;
+      *reinterpret_cast<uint4*>(smem + Cfg::kXRingOffset + stage * Cfg::kStageXBytes + rows_m * kXRowPitch +
+                                chunk * 16) = make_uint4(0, 0, 0, 0);
+    }
+  }
+
+#pragma unroll 1
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < num_atoms) issue_stage(i);
+    CommitGroup();
+  }
+
+  // ---- scale periods: 8 groups of every row of the CTA, fetched one period ahead into registers,
+  // turned into the two tables (subtrahends, fp32 scales) at the switch.
+  const int group_first = GroupOfAtom(atom_begin, p.group_shift);
+  const int group_last = (atom_end * kAtomCols - 1) >> p.group_shift;
+  const uint16_t* scale_bits = static_cast<const uint16_t*>(p.scales);
+  uint32_t staged_scale[kGroupsPerPeriod];
+  uint32_t staged_zero[kGroupsPerPeriod];
+
+  auto fetch_period = [&](int period) {
+#pragma unroll
+    for (int j = 0; j < kGroupsPerPeriod; ++j) {
+      const unsigned entry = tid + j * threads;  // < 8 * block_rows
+      const int row = entry / kGroupsPerPeriod;
+      const int group = group_first + period * kGroupsPerPeriod + entry % kGroupsPerPeriod;
+      const bool valid = group <= group_last && n0 + row < p.n;
+      const size_t index = static_cast<size_t>(n0 + row) * p.groups + group;
+      staged_scale[j] = valid ? __ldg(scale_bits + index) : 0u;
+      staged_zero[j] = p.zeros == nullptr ? 8u : (valid ? __ldg(p.zeros + index) : 0u);
+    }
+  };
+  auto store_period = [&](int period) {
+    const int buffer = (period & 1) * kTableEntries;
+#pragma unroll
+    for (int j = 0; j < kGroupsPerPeriod; ++j) {
+      const unsigned entry = tid + j * threads;
+      const int row = entry / kGroupsPerPeriod;
+      const int index = buffer + (entry % kGroupsPerPeriod) * kMaxBlockRows + row;
+      subtrahend_table[index] = NegatedSubtrahend<T>(staged_zero[j], row % kAtomRows >= 8);
+      scale_table[index] = ScaleToFloat<T>(staged_scale[j]);
+    }
+  };
+
+  int period = 0;
+  fetch_period(0);
+  store_period(0);  // published by the first main-loop barrier
+  fetch_period(1);
+
+  // ---- compute state
+  float acc[kTilesPerWarp][kMTiles][4];
+  float part[kTilesPerWarp][kMTiles][4];
+#pragma unroll
+  for (int t = 0; t < kTilesPerWarp; ++t) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][mt][e] = part[t][mt][e] = 0.f;
+    }
+  }
+  Subtrahends sub[kTilesPerWarp] = {};       // of the current group, rows g and g + 8 of each tile
+  float scale[kTilesPerWarp][2] = {};
+  const int row_in_block = warp * kWarpRows + lane / 4;  // row g of tile 0; tile t adds 16 t, g + 8 adds 8
+  // ldmatrix row addresses: lanes 8q..8q+7 give the 8 rows of matrix q.
+  const uint32_t x_lane_offset =
+      kMTiles == 1 ? (lane % 8) * kXRowPitch + (lane / 8) * 16                                 // k 0..31
+                   : ((lane % 8) + 8 * ((lane / 16) % 2)) * kXRowPitch + ((lane / 8) % 2) * 16;  // 2 tiles
+
+  for (int i = 0; i < num_atoms; ++i) {
+    WaitGroup<kStages - 2>();  // this thread's copies of stage i have landed
+    const int atom = atom_begin + i;
+    const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
+    if (static_cast<int>(local_group / kGroupsPerPeriod) != period) {  // the atom opens a new period
+      period = static_cast<int>(local_group / kGroupsPerPeriod);
+      store_period(period);
+      fetch_period(period + 1);
+    }
+    __syncthreads();  // stage i and the tables visible to all; stage i - 1 free for reuse
+    if (i + kStages - 1 < num_atoms) issue_stage(i + kStages - 1);
+    CommitGroup();
+    if (!warp_active) continue;
+
+    const unsigned slot = static_cast<unsigned>(i) % kStages;
+    const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
+    const bool atom_ends_group = (((atom + 1) * kAtomCols) & group_mask) == 0 || atom + 1 == atom_end;
+    const int table_index =
+        (period & 1) * kTableEntries + (local_group % kGroupsPerPeriod) * kMaxBlockRows + row_in_block;
+    const uint32_t weight_addr = weight_ring + slot * kStageWeightBytes + weight_lane_offset;
+    uint4 words[kTilesPerWarp];
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
+    const uint32_t x_addr = x_ring + slot * Cfg::kStageXBytes + x_lane_offset;
+
+    uint32_t xk32[4];  // kMTiles == 1: B fragments of two k16 steps
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if ((j == 0 && atom_starts_group) || (group32 && j == 2)) {  // a group starts
+        const int index = table_index + (j == 2 ? kMaxBlockRows : 0);
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t) {
+          sub[t].row_lo = subtrahend_table[index + t * kAtomRows];
+          sub[t].row_hi = subtrahend_table[index + t * kAtomRows + 8];
+          scale[t][0] = scale_table[index + t * kAtomRows];
+          scale[t][1] = scale_table[index + t * kAtomRows + 8];
+        }
+      }
+      uint32_t xb[kMTiles][2];
+      if constexpr (kMTiles == 1) {
+        if (j % 2 == 0) LoadMatrixX4(x_addr + j * 32, xk32);
+        xb[0][0] = xk32[(j % 2) * 2];
+        xb[0][1] = xk32[(j % 2) * 2 + 1];
+      } else {
+#pragma unroll
+        for (int pair = 0; pair < kMTiles / 2; ++pair) {
+          uint32_t r[4];
+          LoadMatrixX4(x_addr + pair * 16 * kXRowPitch + j * 32, r);
+          xb[2 * pair][0] = r[0];
+          xb[2 * pair][1] = r[1];
+          xb[2 * pair + 1][0] = r[2];
+          xb[2 * pair + 1][1] = r[3];
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) {
+        uint32_t a[4];
+        Dequantize<T>(Word(words[t], j), sub[t], a);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) Mma16816<T>(part[t][mt], a, xb[mt][0], xb[mt][1]);
+      }
+      const bool group_ends = j == 3 ? atom_ends_group : (group32 && j == 1);
+      if (group_ends) {  // promotion: acc += s · partial, in fp32
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              acc[t][mt][e] = fmaf(scale[t][e / 2], part[t][mt][e], acc[t][mt][e]);
+              part[t][mt][e] = 0.f;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // ---- split-K: fragment-order partials, the last CTA of the tile sums them in split order
+  if (p.splits > 1) {
+    const size_t slot_float4s = static_cast<size_t>(p.warps) * kTilesPerWarp * kMTiles * 32;
+    float4* tile_partials =
+        p.partials + static_cast<size_t>(m_block * p.n_tiles + tile) * p.splits * slot_float4s;
+    const int fragment = warp * kTilesPerWarp * kMTiles * 32 + lane;
+    if (warp_active) {
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          tile_partials[split * slot_float4s + fragment + (t * kMTiles + mt) * 32] =
+              make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]);
+        }
+      }
+    }
+    __threadfence();
+    __syncthreads();
+    int* last_flag = reinterpret_cast<int*>(smem + Cfg::kFlagOffset);
+    if (tid == 0) {
+      *last_flag = atomicAdd(p.tickets + m_block * p.n_tiles + tile, 1) == p.splits - 1;
+    }
+    __syncthreads();
+    if (!*last_flag) return;
+    __threadfence();
+    if (warp_active) {
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+          for (int s = 0; s < p.splits; ++s) {
+            const float4 v = __ldcg(tile_partials + s * slot_float4s + fragment + (t * kMTiles + mt) * 32);
+            sum.x += v.x;
+            sum.y += v.y;
+            sum.z += v.z;
+            sum.w += v.w;
+          }
+          acc[t][mt][0] = sum.x;
+          acc[t][mt][1] = sum.y;
+          acc[t][mt][2] = sum.z;
+          acc[t][mt][3] = sum.w;
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: + β in fp32, one rounding to the output dtype
+  if (!warp_active) return;
+  const bool poison = p.act_order_flag != nullptr && __ldg(p.act_order_flag) != 0;
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int t = 0; t < kTilesPerWarp; ++t) {
+    const int n_lo = n0 + row_in_block + t * kAtomRows;
+    const int n_hi = n_lo + 8;
+    const float bias_lo = bias != nullptr ? ToFloat(bias[n_lo]) : 0.f;
+    const float bias_hi = bias != nullptr ? ToFloat(bias[n_hi]) : 0.f;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = m0 + mt * 8 + (lane % 4) * 2 + e;
+        if (m >= p.m) continue;
+        const float lo = poison ? __int_as_float(0x7FC00000) : acc[t][mt][e] + bias_lo;
+        const float hi = poison ? __int_as_float(0x7FC00000) : acc[t][mt][2 + e] + bias_hi;
+        y[static_cast<size_t>(m) * p.n + n_lo] = FromFloat<T>(lo);
+        y[static_cast<size_t>(m) * p.n + n_hi] = FromFloat<T>(hi);
+      }
+    }
+  }
+}
+
+// Act-order: x_perm[:, i] = x[:, perm[i]], and NaN columns where g_idx does not match the stored
+// permutation (canonical act-order: stored column i belongs to group i / group_size).
+template <typename T>
+__global__ void GatherActOrderColumns(const T* x, const int32_t* perm, const int32_t* g_idx, T* x_perm,
+                                      int m, int k, int group_size) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= k) return;
+  const int column = perm[i];
+  const bool valid = column >= 0 && column < k && g_idx[column] == i / group_size;
+  const T nan = FromFloat<T>(__int_as_float(0x7FC00000));
+  for (int row = blockIdx.y; row < m; row += gridDim.y) {
+    x_perm[static_cast<size_t>(row) * k + i] = valid ? x[static_cast<size_t>(row) * k + column] : nan;
+  }
+}
+
+// ------------------------------------------------------------------------------------------- host
+
+struct Plan {
+  int m_tiles;   // n8 token tiles per CTA: 1, 2, 4 or 8
+  int m_blocks;  // CTAs along the tokens
+  int warps;     // 4..8, 32 rows of W each
+  int n_tiles;
+  int splits;    // split-K factor
+};
+
+int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+int Log2(int64_t power_of_two) {
+  int log = 0;
+  while ((int64_t{1} << log) < power_of_two) ++log;
+  return log;
+}
+
+// One wave over the SMs, as little work per CTA as possible (the time of a memory-bound wave is the
+// largest CTA's bytes over its share of bandwidth); ties go to more warps (latency hiding) and fewer
+// splits (less reduction traffic).
+Plan MakePlan(const GemmArgs& args, int num_sms) {
+  Plan plan{};
+  plan.m_tiles = args.m <= 8 ? 1 : args.m <= 16 ? 2 : args.m <= 32 ? 4 : 8;
+  plan.m_blocks = CeilDiv(args.m, 8 * plan.m_tiles);
+  const int atoms = static_cast<int>(args.k / kAtomCols);
+  int64_t best_cost = INT64_MAX;
+  for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
+    const int n_tiles = CeilDiv(args.n, warps * kWarpRows);
+    const int64_t tiles = static_cast<int64_t>(n_tiles) * plan.m_blocks;
+    const int splits = static_cast<int>(std::clamp<int64_t>(num_sms / tiles, 1, atoms));
+    const int64_t waves = (tiles * splits + num_sms - 1) / num_sms;
+    const int64_t cost = waves * warps * CeilDiv(atoms, splits);
+    if (cost < best_cost) {
+      best_cost = cost;
+      plan.warps = warps;
+      plan.n_tiles = n_tiles;
+      plan.splits = splits;
+    }
+  }
+  return plan;
+}
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+struct Workspace {
+  size_t tickets, partials, x_perm, total;  // byte offsets and total size
+};
+
+Workspace LayOutWorkspace(const GemmArgs& args, const Plan& plan) {
+  Workspace ws{};
+  size_t offset = 0;
+  if (plan.splits > 1) {
+    ws.tickets = offset;
+    offset += AlignUp(sizeof(int) * plan.m_blocks * plan.n_tiles);
+    ws.partials = offset;
+    offset += AlignUp(sizeof(float4) * plan.m_blocks * plan.n_tiles * plan.splits * plan.warps * kTilesPerWarp *
+                      plan.m_tiles * 32);
+  }
+  if (args.g_idx != nullptr) {
+    ws.x_perm = offset;
+    offset += AlignUp(2 * static_cast<size_t>(args.m) * args.k);
+  }
+  ws.total = offset;
+  return ws;
+}
+
+template <typename T, int kMTiles>
+cudaError_t LaunchTyped(const KernelParams& params, const Plan& plan, cudaStream_t stream) {
+  auto* kernel = &W4a16GemmKernel<T, kMTiles>;
+  constexpr int kSmem = Config<kMTiles>::kSmemBytes;
+  // Per call, not once per process: the attribute belongs to the current device's context.
+  if (cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      status != cudaSuccess) {
+    return status;
+  }
+  const dim3 grid(plan.n_tiles * plan.splits, plan.m_blocks);
+  kernel<<<grid, plan.warps * 32, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchForDtype(const GemmArgs& args, const Plan& plan, void* workspace, cudaStream_t stream) {
+  const Workspace ws = LayOutWorkspace(args, plan);
+  uint8_t* base = static_cast<uint8_t*>(workspace);
+  const int32_t* tail = args.qweight + (args.n / kAtomRows) * 2 * args.k;  // perm, then the flag
+
+  KernelParams params{};
+  params.x = args.x;
+  if (args.g_idx != nullptr) {
+    T* x_perm = reinterpret_cast<T*>(base + ws.x_perm);
+    const dim3 grid(CeilDiv(args.k, 256), static_cast<unsigned>(std::min<int64_t>(args.m, kMaxGridY)));
+    GatherActOrderColumns<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(args.x), tail, args.g_idx, x_perm,
+                                                       static_cast<int>(args.m), static_cast<int>(args.k),
+                                                       static_cast<int>(args.group_size));
+    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+    params.x = x_perm;
+  } else {
+    params.act_order_flag = tail + args.k;  // weights stored permuted but no g_idx given: NaN out
+  }
+  if (plan.splits > 1) {
+    params.tickets = reinterpret_cast<int*>(base + ws.tickets);
+    params.partials = reinterpret_cast<float4*>(base + ws.partials);
+    if (cudaError_t status =
+            cudaMemsetAsync(params.tickets, 0, sizeof(int) * plan.m_blocks * plan.n_tiles, stream);
+        status != cudaSuccess) {
+      return status;
+    }
+  }
+  params.qweight = reinterpret_cast<const uint8_t*>(args.qweight);
+  params.scales = args.scales;
+  params.zeros = args.zeros;
+  params.bias = args.bias;
+  params.y = args.y;
+  params.m = static_cast<int>(args.m);
+  params.n = static_cast<int>(args.n);
+  params.k = static_cast<int>(args.k);
+  params.group_shift = args.group_size == args.k ? kPerChannelShift : Log2(args.group_size);
+  params.groups = static_cast<int>(args.k / args.group_size);
+  params.atoms = static_cast<int>(args.k / kAtomCols);
+  params.warps = plan.warps;
+  params.n_tiles = plan.n_tiles;
+  params.splits = plan.splits;
+  switch (plan.m_tiles) {
+    case 1: return LaunchTyped<T, 1>(params, plan, stream);
+    case 2: return LaunchTyped<T, 2>(params, plan, stream);
+    case 4: return LaunchTyped<T, 4>(params, plan, stream);
+    default: return LaunchTyped<T, 8>(params, plan, stream);
+  }
+}
+
+}  // namespace
+
+bool ShapeSupported(const GemmArgs& args) {
+  const bool group_ok = args.group_size == 32 || args.group_size == 64 || args.group_size == 128 ||
+                        args.group_size == args.k;
+  return args.m >= 1 && args.n >= kWarpRows && args.k >= kAtomCols && args.n % kWarpRows == 0 &&
+         args.k % kAtomCols == 0 && group_ok && args.k % args.group_size == 0 &&
+         args.m <= static_cast<int64_t>(kMaxGridY) * kMaxTokensPerBlock && args.n * args.m < (int64_t{1} << 40) &&
+         args.n <= (1 << 30) && args.k <= kMaxK;
+}
+
+size_t WorkspaceBytes(const GemmArgs& args, int num_sms) {
+  if (!ShapeSupported(args)) return 0;
+  return LayOutWorkspace(args, MakePlan(args, num_sms)).total;
+}
+
+cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, int num_sms, cudaStream_t stream) {
+  if (!ShapeSupported(args) || num_sms < 1) return cudaErrorInvalidValue;
+  const Plan plan = MakePlan(args, num_sms);
+  if (LayOutWorkspace(args, plan).total > 0 && workspace == nullptr) return cudaErrorInvalidValue;
+  return args.dtype == Dtype::kFp16 ? LaunchForDtype<__half>(args, plan, workspace, stream)
+                                    : LaunchForDtype<__nv_bfloat16>(args, plan, workspace, stream);
+}
+
+}  // namespace jax_w4a4::sm90::w4a16

@@ -1,0 +1,41 @@
+// Launcher of the W4A16 decode GEMM (w4a16_gemm.cu). Buffer contract: docs/layouts.md, section
+// w4a16_gemm, with qweight in the prepacked layout of jax_w4a4/formats/w4a16_layout.py. The FFI handler
+// (csrc/ffi/w4a16_gemm_ffi.cc) validates shapes and dtypes before calling in here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jax_w4a4::sm90::w4a16 {
+
+enum class Dtype { kBf16, kFp16 };
+
+struct GemmArgs {
+  const void* x;          // (m, k) bf16/fp16
+  const int32_t* qweight;  // prepacked (n / 16 + 1, 2 k) int32
+  const void* scales;     // (n, k / group_size) x dtype
+  const uint8_t* zeros;   // (n, k / group_size) uint8, or nullptr (symmetric, z = 8)
+  const int32_t* g_idx;   // (k,) int32 act-order groups, or nullptr
+  const void* bias;       // (n,) x dtype, or nullptr
+  void* y;                // (m, n) x dtype
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  int64_t group_size;     // 32, 64, 128 or k (per channel)
+  Dtype dtype;
+};
+
+// Shapes the kernel serves (w4a16_layout.check_shape): n % 32, k % 64, group_size in {32, 64, 128, k}.
+bool ShapeSupported(const GemmArgs& args);
+
+// Bytes of device scratch the launch needs (0 when none); `num_sms` is the device's SM count.
+size_t WorkspaceBytes(const GemmArgs& args, int num_sms);
+
+// Enqueues the work on `stream`: no host sync, no allocation, CUDA-graph safe. `workspace` holds
+// WorkspaceBytes(args, num_sms) bytes (uninitialised; zeroed in-stream where needed). Returns
+// cudaErrorInvalidValue for shapes outside ShapeSupported, otherwise the launch status.
+cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, int num_sms, cudaStream_t stream);
+
+}  // namespace jax_w4a4::sm90::w4a16

@@ -1,0 +1,1286 @@
+// w4a4_gemm (sm_90a): the warp-specialized persistent W4A4 GEMM with the fused low-rank branch.
+// Byte contract: docs/layouts.md, section w4a4_gemm; the weights are prepacked (formats/svdq_layout.py).
+//
+//   Y[m,n] = α[n] Σ_g s_x[m,g(k)] s_w[n,g] Σ_{k∈g} x[m,k] q_w[n,k]  +  Σ_j half(LA[m,j]) L_up[j,n]  +  β[n]
+//
+// Orientation (A/B swap). A CTA computes a tile of Yᵀ: kTileN = 128 output columns (the wgmma M side,
+// 64 per consumer warpgroup) x kTileM tokens (the wgmma N side: 16, 32, 64 or 128, picked by M, so
+// decode and prefill run the same kernel). The int4 weights are the A operand FROM REGISTERS: each
+// consumer thread loads its fragments of a group of 64 with one 16-byte LDS (the prepacked layout),
+// converts int4 -> e4m3 in registers (a prmt table lookup: q in [-8, 7] is exact in e4m3) and issues
+// dense wgmma m64nNk32 .e4m3.e4m3. The activations (e4m3 codes for every act_format) are the B
+// operand in shared memory, loaded by TMA with the 128-byte swizzle, K-major.
+//
+// Persistent tile scheduler. grid = min(co-resident clusters, cluster tiles) x cluster CTAs; cluster
+// tile c covers one token tile and `kCluster` adjacent column tiles; CTAs walk the cluster tiles in a
+// static strided order (c += #clusters), rasterized in groups of kRasterGroup token tiles so the CTAs
+// running at the same time share weight tiles and token tiles in L2. Every role walks the same order.
+//
+// Warp roles (384 threads = 3 warpgroups; setmaxnreg moves registers to the MMA warps):
+//   warpgroup 0, producers, setmaxnreg.dec 40:
+//     warp 0    main pipeline: TMA of the weight tile and its half of the token tile (multicast),
+//               cp.async of the weight and activation scale rows (4 bytes per row and stage: TMA boxes
+//               need 16-byte rows, so the scales go through cp.async with mbarrier completion)
+//     warp 1    low-rank pipeline: TMA of the L_up chunk, its half of the LA chunk (multicast), α/β
+//     warps 2-3 convert the LA chunk fp32 -> output dtype into the swizzled wgmma B buffer
+//   warpgroups 1-2, consumers, setmaxnreg.inc 232: 64 output columns each; the main loop, α, the
+//     low-rank wgmmas, and the epilogue (+β, stmatrix into the swizzled staging tile, TMA store).
+//
+// Three pipelines, each with its own mbarriers and one explicit PipeState {index, phase} per role,
+// advanced explicitly; no full-CTA barrier joins them (named barriers are per consumer warpgroup):
+//   main      kStages x [weights int4 8 KB | weight scales | activations e4m3 | activation scales]
+//   low-rank  kLoraStages x [L_up chunk | LA chunk fp32 | LA chunk in the MMA dtype | α, β] per chunk of
+//             kLoraChunk ranks (a tile has max(1, ceil(rank / kLoraChunk)) items; item 0 carries α/β)
+//   epilogue  one staging tile per consumer warpgroup; its TMA store is awaited (bulk wait_group.read)
+//             before the next tile is staged.
+//
+// Cluster of 2 CTAs along N (the 64- and 128-token tiles): the token operand (activations, LA) is
+// shared; each CTA issues half of the rows with .multicast::cluster into both CTAs' shared memory, so
+// every CTA holds the whole tile and every CTA's full barrier expects the whole tile's bytes
+// (W4A4Plan: footprint replicated, issue split, barrier expects all; static_asserts below). A consumer
+// warp releases a main stage on the empty barrier of every CTA of the cluster (the peer multicasts into
+// it); the converter warps release the LA buffer the same way. Activation scales are loaded by each
+// CTA itself (cp.async, 4 bytes per token): their footprint is the plan's, their issue is not split.
+//
+// Main loop of a consumer warpgroup, per stage (2 groups of 64 k) and per slice of <= 64 tokens:
+//   unit (slice, group): two wgmma k32 into the fresh partial set part[group] (scale-d = 0 on the
+//   first), commit; wgmma.wait_group(1) retires the previous unit, which is then promoted:
+//   acc = fma(part · s_x[m], s_w[n], acc). So each promotion overlaps the next unit's wgmmas (two
+//   partial sets, wait_group(1)); the stage's last unit is promoted after wait_group(0), then the
+//   stage is released (the other consumer warpgroup's wgmmas fill the tensor cores meanwhile).
+//   Carrying that unit across the K loop's back edge would make ptxas serialize every wgmma (C7514:
+//   accumulators of a wgmma in flight across the back edge are read). 128 tokens run as 2 slices of
+//   n64 (acc 64 + 2 x 32 partial registers) instead of n128 (64 + 2 x 64: too many for 232 registers).
+// After the K loop: acc *= α (α scales the main product only); the low-rank up projection runs as
+// wgmma m64nNk16 bf16/fp16 (A = L_upᵀ chunk from shared memory, MN-major; B = the converted LA chunk)
+// into the same fp32 accumulators, every k-step of the chunk (ranks past `rank` are zero-filled in both
+// operands; a runtime trip count puts descriptor arithmetic between wgmmas and ptxas then serializes
+// every wgmma of the kernel); the epilogue adds β.
+// SASS check (cuobjdump -sass): per stage WARPGROUP.ARRIVE, QGMMA x2 per unit, DEPBAR.LE gsb0 1 between
+// units, DEPBAR 0 at the stage end; the low-rank HGMMAs chained; no local memory.
+//
+// Life of main stage s (phase bit ph = number of completed uses of s, mod 2):
+//   producer warp 0: wait empty[s] (parity ph^1: the previous use is released; a fresh barrier passes);
+//     lane 0: arrive.expect_tx(full[s], weights + whole token tile) [arrival 1 of 33], TMA weights,
+//     TMA its token half (multicast); lanes 0-31: cp.async scale rows, then
+//     cp.async.mbarrier.arrive.noinc(full[s]) [arrivals 2..33, each when the lane's copies landed].
+//   full[s] (count 33, + tx bytes): completes phase ph when the 33 arrivals and all the bytes (own
+//     and the peer's multicast half) are in. The peer's bytes may land before our expect_tx: the
+//     tx-count goes transiently negative, which the mbarrier allows; the phase cannot complete while
+//     our 33 arrivals are missing.
+//   consumers (both warpgroups): wait full[s] (parity ph); LDS weights and scales, wgmma on the tokens;
+//     after the stage's last unit is retired (wait_group) and promoted, each of the 8 consumer warps
+//     arrives once on empty[s] of every CTA of the cluster.
+//   empty[s] (count 8 x kCluster): completes phase ph when both CTAs' consumers are done with s; only
+//     then may either CTA's producer write s again (its own copy or, by multicast, the peer's).
+// Life of low-rank stage s: warp 1 waits lr_empty[s] (parity ph^1), arrive.expect_tx(lr_full[s]) [count
+//   1], TMA L_up chunk, its LA half (multicast), α/β (bulk copies; item 0 only). Converter warps wait
+//   lr_full[s], write the converted LA chunk, fence.proxy.async, then lane 0 of each warp arrives on
+//   lr_conv[s] [count 2] and on lr_empty[s] of every CTA (the LA buffer is free). Consumers wait
+//   lr_full[s] and lr_conv[s], run the chunk's wgmmas, wait_group(0), each warp arrives on lr_empty[s]
+//   [count 8 + 2 x kCluster]. The converted buffer is rewritten only after lr_full[s] of its next use,
+//   which needs lr_empty[s], which needs these consumers: no separate barrier.
+// M tails: TMA zero-fills out-of-bounds token rows; a token half that lies wholly past M is not issued
+// and not expected (both CTAs compute the same count), its rows hold stale data that only reaches
+// output rows the TMA store clips. An odd number of column tiles leaves the cluster's last CTA a
+// phantom tile: it issues its token half for the peer, skips its private loads, and stores nothing.
+//
+// Shared memory (W4A4Plan, python -m jax_w4a4.budget; static_assert'ed here, + 1 KB to align the base):
+//   tokens  cluster  main stages  low-rank stages  total
+//     16       1          8             2          138496 B
+//     32       1          8             2          171264 B
+//     64       2          7             2          220672 B
+//    128       2          5             2          228480 B   (of 232448)
+//
+// Estimate (per CTA of 128 columns x 128 tokens, per group of 64 k, H200 at ~1.83 GHz):
+//   tensor:     128 x 128 x 64 x 2 = 2.1 MFLOP = 256 clk at 8192 fp8 flop/clk/SM (1979 TFLOPS dense).
+//   promotion:  2 FP32 ops x 16384 outputs = 32768 thread-instructions = 256 issue clk of the 4
+//               schedulers: the issue slots are nearly full with promotion alone.
+//   conversion: 11 instructions per 8 weights (3 prmt per 4 values + mask/shift) = 1.4 / value:
+//               8192 values = 88 clk. Activation scales: 1 LDS.64 per 2 tokens + 1 decode per token
+//               (16-bit) = 96 clk (int4/uint4), 32 clk (fp8). wgmma, barriers, s_w: ~20 clk.
+//   => issue-bound at ~460 clk per 256 clk of MMA: <= ~56% of the fp8 peak (~1100 TFLOPS) for
+//      int4/uint4 activations, ~65% (~1280) for fp8, before latency and memory effects. The floor
+//      asked for is 1023 (1.3x cuBLAS bf16 at 8192^3 with rank 32).
+//   decode (M <= 16, 28672 x 8192): 117 MB of int4 weights = 28 us at 4.2 TB/s; 224 column tiles on
+//      132 SMs (1.7 waves) -> ~35-40 us expected (floor: 49 us = 2.5x bf16). At 8192 x 8192 only 64
+//      CTAs stream the weights (64 column tiles): split-K would be the next step there.
+//   Cheaper conversion for later (needs the lead's go): weights stored offset, u = q + 8, make byte
+//   u = u·2^-9 in e4m3 (mask/shift, 3 instructions per 8 values) with per-(token, group) activation
+//   sums as a correction; fp8 activations could promote with 3 ops per 2 groups (s_x is per 128).
+
+#include <cuda.h>  // CUtensorMap and its enums (types only; libcuda is reached through the runtime)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/sm90/w4a4_gemm.h"
+#include "kernels/sm90/w4a4_gemm_plan.h"
+
+namespace jax_w4a4::sm90 {
+namespace {
+
+using budget::Lifetime;
+using budget::Sharing;
+
+// ---------------------------------------------------------------------------------------------------
+// Compile-time configuration: everything derives from the plan the budget table prints.
+
+// Index of each object in W4A4Plan::objects (checked by name below, so the two cannot drift).
+enum PlanObject : int {
+  kObjWeights = 0,
+  kObjWeightScales,
+  kObjActivations,
+  kObjActScales,
+  kObjLoraUp,
+  kObjLaF32,
+  kObjLaHalf,
+  kObjAlphaBeta,
+  kObjStaging,
+  kObjBarriers,
+};
+
+constexpr bool StartsWith(const char* s, const char* prefix) {
+  return *prefix == '\0' || (*s == *prefix && StartsWith(s + 1, prefix + 1));
+}
+
+constexpr int kThreads = 384;         // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerThreads = 128;  // per consumer warpgroup
+constexpr int kConsumerWarps = 8;      // both consumer warpgroups
+constexpr int kConverterWarps = 2;     // producer warps 2-3
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+static_assert(kProducerRegisters * 128 + kConsumerRegisters * 256 <= 65536, "register file");
+constexpr int kRasterGroup = 8;        // token tiles per rasterization group
+constexpr int kWeightBlockBytes = 2048;  // 64 rows x 64 k: one group of one consumer warpgroup (prepacked)
+constexpr int kMaxRank = 256;
+
+template <int kShapeIndex>
+struct Config {
+  static constexpr W4A4Shape kShape = kW4A4Shapes[kShapeIndex];
+  static constexpr W4A4Plan kPlan = SolveW4A4Plan(kShape);
+  static constexpr int kTileN = kShape.tile_n;
+  static constexpr int kTileM = kShape.tile_m;
+  static constexpr int kCluster = kShape.cluster;
+  static constexpr int kLoraChunk = kShape.lora_chunk;
+  static constexpr int kStages = kPlan.main_stages;
+  static constexpr int kLoraStages = kPlan.lora_stages;
+  static constexpr int kTileK = kW4A4TileK;
+
+  static constexpr int kSliceN = kTileM < 64 ? kTileM : 64;  // tokens per wgmma (its N)
+  static constexpr int kSlices = kTileM / kSliceN;
+  static constexpr int kHalfRows = kTileM / kCluster;        // token rows each CTA of the cluster issues
+
+  // One buffer of each object (bytes), as the kernel uses it.
+  static constexpr int kWeightBytes = kTileN * kTileK / 2;
+  static constexpr int kWeightScaleBytes = kTileN * 4;       // 2 groups x 16-bit per column
+  static constexpr int kActBytes = kTileM * kTileK;          // e4m3 codes
+  static constexpr int kActHalfBytes = kHalfRows * kTileK;
+  static constexpr int kActScaleBytes = kTileM * 4;          // 2 x 16-bit (int4/uint4) or 1 x fp32 (fp8)
+  static constexpr int kLoraUpBytes = kLoraChunk * kTileN * 2;
+  static constexpr int kLaF32Bytes = kTileM * kLoraChunk * 4;
+  static constexpr int kLaF32HalfBytes = kHalfRows * kLoraChunk * 4;
+  static constexpr int kLaRowBytes = kLoraChunk * 2;         // one token row of the converted LA chunk
+  static constexpr int kLaHalfBytes = kTileM * kLaRowBytes;
+  static constexpr int kAlphaBytes = kTileN * 4;
+  static constexpr int kBiasBytes = kTileN * 2;
+  static constexpr int kStagingBytes = kTileM * kTileN * 2;
+  static constexpr int kBarriers = 2 * kStages + 3 * kLoraStages;  // full, empty | full, converted, empty
+
+  // What a main stage delivers: TMA bytes (counted by the full barrier's tx-count) + cp.async bytes
+  // (counted by the 32 arrivals of cp.async.mbarrier.arrive.noinc).
+  static constexpr int kMainTmaTxBytes = kWeightBytes + kActBytes;
+  static constexpr int kMainCpAsyncBytes = kWeightScaleBytes + kActScaleBytes;
+  static constexpr int kMainTmaIssuedBytes = kWeightBytes + kActHalfBytes;
+  static constexpr int kMainFullArrivals = 1 + 32;
+  static constexpr int kMainEmptyArrivals = kConsumerWarps * kCluster;
+  static constexpr int kLoraFullArrivals = 1;
+  static constexpr int kLoraConvertedArrivals = kConverterWarps;
+  static constexpr int kLoraEmptyArrivals = kConsumerWarps + kConverterWarps * kCluster;
+
+  static constexpr int64_t kSmemBytes = kPlan.total_bytes() + budget::kSwizzledAlign;  // + base alignment
+
+  static_assert(kPlan.fits(), "the shared-memory plan does not fit");
+  static_assert(kSmemBytes <= budget::kSmemPerBlockSm90, "plan + base alignment exceeds 227 KB");
+  static_assert(kTileN == 128, "two consumer warpgroups of 64 columns");
+  static_assert(kTileM % 16 == 0 && kTileM <= 128 && kTileM % kSliceN == 0, "token tile");
+  static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs along N");
+  static_assert(kLoraChunk == 32 || kLoraChunk == 64, "the LA B operand uses the 64- or 128-byte swizzle");
+  static_assert(kShape.act_value_bits == 8, "activations are e4m3 codes");
+  static_assert(kHalfRows * kTileK % budget::kSwizzledAlign == 0, "a multicast half keeps the swizzle phase");
+  static_assert(kStages >= kW4A4MinMainStages && kLoraStages >= 1, "pipeline depth");
+
+  static constexpr bool ObjectIs(int i, const char* name, int64_t bytes, int stages, Sharing sharing,
+                                 Lifetime lifetime) {
+    return StartsWith(kPlan.objects[i].name, name) && kPlan.objects[i].bytes == bytes &&
+           kPlan.objects[i].stages == stages && kPlan.objects[i].sharing == sharing &&
+           kPlan.objects[i].lifetime == lifetime;
+  }
+  static constexpr Sharing kTokens = kCluster > 1 ? Sharing::kMulticast : Sharing::kPrivate;
+  static_assert(ObjectIs(kObjWeights, "weights", kWeightBytes, kStages, Sharing::kPrivate, Lifetime::kMainLoop));
+  static_assert(ObjectIs(kObjWeightScales, "weight scales", kWeightScaleBytes, kStages, Sharing::kPrivate,
+                         Lifetime::kMainLoop));
+  static_assert(ObjectIs(kObjActivations, "activations", kActBytes, kStages, kTokens, Lifetime::kMainLoop));
+  static_assert(ObjectIs(kObjActScales, "activation scales", kActScaleBytes, kStages, kTokens, Lifetime::kMainLoop));
+  static_assert(ObjectIs(kObjLoraUp, "L_up chunk", kLoraUpBytes, kLoraStages, Sharing::kPrivate, Lifetime::kLowRank));
+  static_assert(ObjectIs(kObjLaF32, "LA chunk (fp32", kLaF32Bytes, kLoraStages, kTokens, Lifetime::kLowRank));
+  static_assert(ObjectIs(kObjLaHalf, "LA chunk (16-bit", kLaHalfBytes, kLoraStages, Sharing::kPrivate,
+                         Lifetime::kLowRank));
+  static_assert(ObjectIs(kObjAlphaBeta, "alpha, beta", 2 * kAlphaBytes, kLoraStages, Sharing::kPrivate,
+                         Lifetime::kLowRank));
+  static_assert(kAlphaBytes + kBiasBytes <= 2 * kAlphaBytes, "α fp32 and β 16-bit fit the α/β buffer");
+  static_assert(ObjectIs(kObjStaging, "output tile staging", kStagingBytes, 1, Sharing::kPrivate, Lifetime::kEpilogue));
+  static_assert(ObjectIs(kObjBarriers, "mbarriers", kPlan.objects[kObjBarriers].bytes, 1, Sharing::kPrivate,
+                         Lifetime::kKernel));
+  static_assert(kBarriers * budget::kMbarrierBytes <= kPlan.objects[kObjBarriers].bytes, "mbarrier count");
+  // The byte accounting of a main stage: what the full barrier waits for is the plan's tx bytes, and
+  // what this CTA's TMA issues is the plan's issue split (the scales, by cp.async, are not split).
+  static_assert(kMainTmaTxBytes + kMainCpAsyncBytes == kPlan.main_stage_tx_bytes(), "main stage tx bytes");
+  static_assert(kMainTmaTxBytes == kPlan.objects[kObjWeights].expected_tx_bytes() +
+                                       kPlan.objects[kObjActivations].expected_tx_bytes());
+  static_assert(kMainTmaIssuedBytes == kPlan.objects[kObjWeights].issued_bytes(kCluster) +
+                                           kPlan.objects[kObjActivations].issued_bytes(kCluster));
+  static_assert(kMainCpAsyncBytes == kPlan.objects[kObjWeightScales].expected_tx_bytes() +
+                                       kPlan.objects[kObjActScales].expected_tx_bytes());
+  static_assert(kLoraUpBytes + kLaF32Bytes + kAlphaBytes + kBiasBytes < (1 << 20), "mbarrier tx-count range");
+};
+
+// Shared-memory layout: the plan's objects, swizzled (1024-aligned) ones first, each region the
+// object's footprint; the sum is the plan's total.
+template <class C>
+struct Smem {
+  static constexpr int64_t Footprint(int i) { return C::kPlan.objects[i].footprint(); }
+  // Bytes between the buffers of consecutive stages (shared-memory addresses are 32-bit).
+  static constexpr uint32_t Stride(int i) { return static_cast<uint32_t>(Footprint(i) / C::kPlan.objects[i].stages); }
+  static constexpr int64_t kWeights = 0;
+  static constexpr int64_t kActivations = kWeights + Footprint(kObjWeights);
+  static constexpr int64_t kLoraUp = kActivations + Footprint(kObjActivations);
+  static constexpr int64_t kLaHalf = kLoraUp + Footprint(kObjLoraUp);
+  static constexpr int64_t kStaging = kLaHalf + Footprint(kObjLaHalf);
+  static constexpr int64_t kLaF32 = kStaging + Footprint(kObjStaging);
+  static constexpr int64_t kWeightScales = kLaF32 + Footprint(kObjLaF32);
+  static constexpr int64_t kActScales = kWeightScales + Footprint(kObjWeightScales);
+  static constexpr int64_t kAlphaBeta = kActScales + Footprint(kObjActScales);
+  static constexpr int64_t kBarriers = kAlphaBeta + Footprint(kObjAlphaBeta);
+  static constexpr int64_t kEnd = kBarriers + Footprint(kObjBarriers);
+  static_assert(kEnd == C::kPlan.total_bytes(), "layout == plan");
+  static_assert(kActivations % 1024 == 0 && Stride(kObjActivations) % 1024 == 0, "swizzled B operand");
+  static_assert(kLoraUp % 1024 == 0 && Stride(kObjLoraUp) % 1024 == 0, "swizzled A operand");
+  static_assert(kLaHalf % 1024 == 0 && Stride(kObjLaHalf) % 1024 == 0, "swizzled LA operand");
+  static_assert(kStaging % 1024 == 0 && C::kTileM * 128 % 1024 == 0, "swizzled staging, per warpgroup");
+  static_assert(kLaF32 % 128 == 0 && kWeightScales % 128 == 0 && kActScales % 128 == 0 && kAlphaBeta % 128 == 0 &&
+                kBarriers % 8 == 0, "TMA / bulk-copy destinations");
+  static_assert(Stride(kObjWeights) == C::kWeightBytes && Stride(kObjLoraUp) == C::kLoraUpBytes);
+
+  // Barrier indices.
+  static constexpr int kFull = 0;
+  static constexpr int kEmpty = kFull + C::kStages;
+  static constexpr int kLoraFull = kEmpty + C::kStages;
+  static constexpr int kLoraConverted = kLoraFull + C::kLoraStages;
+  static constexpr int kLoraEmpty = kLoraConverted + C::kLoraStages;
+  static_assert(kLoraEmpty + C::kLoraStages == C::kBarriers);
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Kernel parameters.
+
+struct KernelParams {
+  const uint8_t* s_x;      // activation scales, (m, k/32) bytes per token row
+  const uint8_t* wscales;  // weight scales, (n, k/32) bytes per column row
+  const float* alpha;      // nullptr when absent
+  const void* bias;        // nullptr when absent
+  int m;
+  int n;
+  int k;
+  int rank;
+  int k_stages;       // k / 128
+  int m_tiles;        // token tiles
+  int n_tiles;        // column tiles of 128
+  int n_groups;       // cluster tiles along N: ceil(n_tiles / cluster)
+  int cluster_tiles;  // m_tiles x n_groups
+};
+
+// ---------------------------------------------------------------------------------------------------
+// PTX wrappers.
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Arrive on the barrier at the same offset in CTA `cta` of the cluster (this CTA included).
+__device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ uint64_t MapAddr(const CUtensorMap& map) { return reinterpret_cast<uint64_t>(&map); }
+
+__device__ __forceinline__ void TmaPrefetch(const CUtensorMap& map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(MapAddr(map)) : "memory");
+}
+
+__device__ __forceinline__ void TmaLoad2d(const CUtensorMap& map, uint32_t dst, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          dst),
+      "l"(MapAddr(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// Writes the box into the same offset of every CTA in `mask`; each destination's barrier (same offset)
+// receives the complete_tx.
+__device__ __forceinline__ void TmaLoad2dMulticast(const CUtensorMap& map, uint32_t dst, uint32_t bar, int c0, int c1,
+                                                   uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"(MapAddr(map)), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+
+__device__ __forceinline__ void TmaLoad3d(const CUtensorMap& map, uint32_t dst, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
+      "l"(MapAddr(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+__device__ __forceinline__ void TmaStore2d(const CUtensorMap& map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(MapAddr(map)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+__device__ __forceinline__ void BulkCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void BulkWaitRead0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void BulkWait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// 4-byte cp.async; src_bytes = 0 fills zeros (out-of-bounds rows).
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// Arrives on `bar` once all of this thread's prior cp.async have landed (counts as one arrival).
+__device__ __forceinline__ void CpAsyncArriveNoinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
+// Generic-proxy writes to shared memory become visible to the async proxy (wgmma, TMA store).
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+__device__ __forceinline__ void NamedBarrierSync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int kRegisters>
+__device__ __forceinline__ void SetMaxRegistersDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void SetMaxRegistersInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accesses of wgmma accumulators across the wgmma / wait statements.
+template <int kN>
+__device__ __forceinline__ void FenceOperands(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+__device__ __forceinline__ void StMatrixX4Trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+__device__ __forceinline__ uint32_t Lds16(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.b16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t Lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 Lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint4 Lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void Sts128(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// Shared-memory matrix descriptor of wgmma: start address, leading / stride byte offsets (16-byte
+// units), swizzle mode in bits 62-63.
+enum : uint32_t { kSwizzle128B = 1, kSwizzle64B = 2 };
+__device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                                 uint32_t swizzle) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(sbo_bytes >> 4) << 32) |
+         (uint64_t(swizzle) << 62);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// wgmma (D: m64 x N fp32 fragment, N/2 registers per thread: d[4i + 2h + e] = row g + 8h, column
+// 8i + 2t + e of the warp's 16 rows, g = lane / 4, t = lane % 4).
+
+template <int kN>
+struct Wgmma;
+
+template <>
+struct Wgmma<16> {
+  // D[64 x N] (+)= A[64 x 32] (e4m3, registers) * B[32 x N] (e4m3, shared memory, K-major).
+  static __device__ __forceinline__ void E4m3(float (&d)[8], const uint32_t* a, uint64_t desc_b, uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  }
+  // D[64 x N] += A[64 x 16] (16-bit, shared memory, MN-major) * B[16 x N] (16-bit, shared memory, K-major).
+  template <bool kBf16>
+  static __device__ __forceinline__ void Half(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
+    if constexpr (kBf16) {
+      asm volatile(
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 1, 0;\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+          : "l"(desc_a), "l"(desc_b));
+    } else {
+      asm volatile(
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 1, 0;\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+          : "l"(desc_a), "l"(desc_b));
+    }
+  }
+};
+
+template <>
+struct Wgmma<32> {
+  static __device__ __forceinline__ void E4m3(float (&d)[16], const uint32_t* a, uint64_t desc_b, uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  }
+  template <bool kBf16>
+  static __device__ __forceinline__ void Half(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+    if constexpr (kBf16) {
+      asm volatile(
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 1, 0;\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+          : "l"(desc_a), "l"(desc_b));
+    } else {
+      asm volatile(
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 1, 0;\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+          : "l"(desc_a), "l"(desc_b));
+    }
+  }
+};
+
+#define JAX_W4A4_D32                                                                                             \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),    \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),   \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define JAX_W4A4_D32_LIST                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+template <>
+struct Wgmma<64> {
+  static __device__ __forceinline__ void E4m3(float (&d)[32], const uint32_t* a, uint64_t desc_b, uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " JAX_W4A4_D32_LIST
+        ", {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        : JAX_W4A4_D32
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  }
+  template <bool kBf16>
+  static __device__ __forceinline__ void Half(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+    if constexpr (kBf16) {
+      asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " JAX_W4A4_D32_LIST
+                   ", %32, %33, 1, 1, 1, 1, 0;\n"
+                   : JAX_W4A4_D32
+                   : "l"(desc_a), "l"(desc_b));
+    } else {
+      asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " JAX_W4A4_D32_LIST
+                   ", %32, %33, 1, 1, 1, 1, 0;\n"
+                   : JAX_W4A4_D32
+                   : "l"(desc_a), "l"(desc_b));
+    }
+  }
+};
+
+#undef JAX_W4A4_D32
+#undef JAX_W4A4_D32_LIST
+
+// ---------------------------------------------------------------------------------------------------
+// Numeric helpers.
+
+// int4 -> e4m3 by table lookup: two prmt pick the candidates for the low 3 bits from the e4m3 codes of
+// 0..7 and of -8..-1, a third picks per byte by the sign bit (bit 3 of the nibble moved to bit 2 of
+// the final selector). 8 nibbles of `w` -> 4 e4m3 bytes of its low half in `lo`, of its high half in `hi`.
+__device__ __forceinline__ void Int4x8ToE4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  constexpr uint32_t kPositive0 = 0x44403800u;  // e4m3 of 0, 1, 2, 3 (byte 0 first)
+  constexpr uint32_t kPositive1 = 0x4E4C4A48u;  // 4, 5, 6, 7
+  constexpr uint32_t kNegative0 = 0xCACCCED0u;  // -8, -7, -6, -5
+  constexpr uint32_t kNegative1 = 0xB8C0C4C8u;  // -4, -3, -2, -1
+  const uint32_t index = w & 0x77777777u;
+  const uint32_t select = ((w >> 1) & 0x44444444u) | 0x32103210u;
+  lo = __byte_perm(__byte_perm(kPositive0, kPositive1, index), __byte_perm(kNegative0, kNegative1, index), select);
+  const uint32_t index_hi = index >> 16;
+  hi = __byte_perm(__byte_perm(kPositive0, kPositive1, index_hi), __byte_perm(kNegative0, kNegative1, index_hi),
+                   select >> 16);
+}
+
+// A thread's two k32 A fragments of one group: word j of the 16-byte load -> registers 2j, 2j+1;
+// registers 0-3 are k-step 0, 4-7 k-step 1 (formats/svdq_layout.py).
+__device__ __forceinline__ void WeightFragments(uint4 raw, uint32_t (&a)[8]) {
+  Int4x8ToE4m3(raw.x, a[0], a[1]);
+  Int4x8ToE4m3(raw.y, a[2], a[3]);
+  Int4x8ToE4m3(raw.z, a[4], a[5]);
+  Int4x8ToE4m3(raw.w, a[6], a[7]);
+}
+
+template <class T>
+__device__ __forceinline__ float HalfBitsToFloat(uint32_t bits16) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(bits16 << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+  }
+}
+
+// Scale of group `group` (0/1 within the stage) in a 4-byte scale word: two 16-bit scales (weights,
+// int4/uint4 activations) or one fp32 scale for both groups (fp8 activations).
+template <class T, bool kFp32>
+__device__ __forceinline__ float GroupScale(uint32_t word, int group) {
+  if constexpr (kFp32) {
+    return __uint_as_float(word);
+  } else {
+    return HalfBitsToFloat<T>(group ? word >> 16 : word & 0xFFFFu);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pipeline state and tile scheduler.
+
+// One role's position in a ring of kDepth stages: the slot and the parity of its current use.
+template <int kDepth>
+struct PipeState {
+  int index = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Advance() {
+    if (++index == kDepth) {
+      index = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+struct Tile {
+  int m0;      // first token
+  int n0;      // first output column
+  bool valid;  // false for the phantom column tile of an odd tile count
+};
+
+// Cluster tile -> this CTA's tile. Groups of kRasterGroup token tiles; inside a group the token tile
+// varies fastest, so the clusters running together share the weights of a few column groups.
+template <class C>
+__device__ __forceinline__ Tile TileAt(int cluster_tile, const KernelParams& p, uint32_t cta_rank) {
+  const int group_span = kRasterGroup * p.n_groups;
+  const int group = cluster_tile / group_span;
+  const int first_m = group * kRasterGroup;
+  const int rows = min(kRasterGroup, p.m_tiles - first_m);
+  const int in_group = cluster_tile - group * group_span;
+  const int m_tile = first_m + in_group % rows;
+  const int n_tile = (in_group / rows) * C::kCluster + static_cast<int>(cta_rank);
+  return Tile{m_tile * C::kTileM, n_tile * C::kTileN, n_tile < p.n_tiles};
+}
+
+// Token halves (one per CTA of the cluster) with at least one row < M: the same count in every CTA,
+// so the bytes each full barrier expects match what the cluster issues.
+template <class C>
+__device__ __forceinline__ int TokenHalvesInBounds(const Tile& tile, const KernelParams& p) {
+  const int rows = min(p.m - tile.m0, C::kTileM);
+  return (rows + C::kHalfRows - 1) / C::kHalfRows;
+}
+
+__device__ __forceinline__ int LoraItems(int rank, int chunk) { return rank > 0 ? (rank + chunk - 1) / chunk : 1; }
+
+// ---------------------------------------------------------------------------------------------------
+// Roles.
+
+template <class C>
+struct Barriers {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t At(int i) const { return base + 8 * i; }
+  __device__ __forceinline__ uint32_t Full(int s) const { return At(Smem<C>::kFull + s); }
+  __device__ __forceinline__ uint32_t Empty(int s) const { return At(Smem<C>::kEmpty + s); }
+  __device__ __forceinline__ uint32_t LoraFull(int s) const { return At(Smem<C>::kLoraFull + s); }
+  __device__ __forceinline__ uint32_t LoraConverted(int s) const { return At(Smem<C>::kLoraConverted + s); }
+  __device__ __forceinline__ uint32_t LoraEmpty(int s) const { return At(Smem<C>::kLoraEmpty + s); }
+};
+
+// Warp 0: the main K pipeline.
+template <class C>
+__device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, const KernelParams& p, uint32_t smem,
+                            Barriers<C> bar, uint32_t cta_rank, int lane) {
+  using L = Smem<C>;
+  const int scale_row_bytes = p.k / 32;  // (k/64) x 16-bit or (k/128) x fp32
+  PipeState<C::kStages> state;
+  for (int ct = blockIdx.x / C::kCluster; ct < p.cluster_tiles; ct += gridDim.x / C::kCluster) {
+    const Tile tile = TileAt<C>(ct, p, cta_rank);
+    const int halves = TokenHalvesInBounds<C>(tile, p);
+    const bool issue_half = static_cast<int>(cta_rank) < halves;
+    const uint32_t tx = (tile.valid ? C::kWeightBytes : 0) + halves * C::kActHalfBytes;
+    // This lane's first scale rows; a phantom tile reads nothing (row 0, size 0).
+    const uint8_t* wscale_rows = p.wscales + (tile.valid ? int64_t{tile.n0 + lane} * scale_row_bytes : 0);
+    const int wscale_step = tile.valid ? 32 * scale_row_bytes : 0;
+    const uint8_t* xscale_rows = p.s_x + int64_t{tile.m0 + lane} * scale_row_bytes;
+    for (int ks = 0; ks < p.k_stages; ++ks) {
+      const int s = state.index;
+      MbarWait(bar.Empty(s), state.phase ^ 1);
+      const uint32_t full = bar.Full(s);
+      if (lane == 0) {
+        MbarArriveExpectTx(full, tx);
+        if (tile.valid) {
+          // Prepacked (k/64 blocks of 2048 B) x (n/64): box (2048 B, 2 groups, 2 warpgroups).
+          TmaLoad3d(tm_w, smem + L::kWeights + s * L::Stride(kObjWeights), full, 0, 2 * ks, tile.n0 / 64);
+        }
+        if (issue_half) {
+          const uint32_t dst = smem + L::kActivations + s * L::Stride(kObjActivations) + cta_rank * C::kActHalfBytes;
+          const int row = tile.m0 + static_cast<int>(cta_rank) * C::kHalfRows;
+          if constexpr (C::kCluster > 1) {
+            TmaLoad2dMulticast(tm_x, dst, full, ks * C::kTileK, row, (1u << C::kCluster) - 1);
+          } else {
+            TmaLoad2d(tm_x, dst, full, ks * C::kTileK, row);
+          }
+        }
+      }
+      // Scale rows, 4 bytes per row and stage: [column][group 0, group 1] and [token][2 x 16-bit | fp32].
+      // Rolled loops over the rows of this lane: few live registers in the 40-register producer.
+      const uint32_t wscale_dst = smem + L::kWeightScales + s * L::Stride(kObjWeightScales) + 4 * lane;
+      const uint8_t* wscale_src = wscale_rows + 4 * ks;
+#pragma unroll 1
+      for (int r = lane; r < C::kTileN; r += 32, wscale_src += wscale_step) {
+        CpAsync4(wscale_dst + 4 * (r - lane), wscale_src, tile.valid ? 4 : 0);
+      }
+      const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + 4 * lane;
+      const uint8_t* xscale_src = xscale_rows + 4 * ks;
+#pragma unroll 1
+      for (int r = lane; r < C::kTileM; r += 32, xscale_src += 32 * scale_row_bytes) {
+        const bool in = tile.m0 + r < p.m;  // rows past M read nothing and land as zeros
+        CpAsync4(xscale_dst + 4 * (r - lane), in ? xscale_src : p.s_x, in ? 4 : 0);
+      }
+      CpAsyncArriveNoinc(full);
+      state.Advance();
+    }
+  }
+}
+
+// Warp 1: the low-rank pipeline (L_up chunk, LA chunk, α/β with the tile's first item).
+template <class C>
+__device__ void ProduceLowRank(const CUtensorMap& tm_up, const CUtensorMap& tm_la, const KernelParams& p,
+                               uint32_t smem, Barriers<C> bar, uint32_t cta_rank, int lane) {
+  using L = Smem<C>;
+  const int items = LoraItems(p.rank, C::kLoraChunk);
+  PipeState<C::kLoraStages> state;
+  for (int ct = blockIdx.x / C::kCluster; ct < p.cluster_tiles; ct += gridDim.x / C::kCluster) {
+    const Tile tile = TileAt<C>(ct, p, cta_rank);
+    const int halves = TokenHalvesInBounds<C>(tile, p);
+    const bool issue_half = static_cast<int>(cta_rank) < halves;
+    for (int item = 0; item < items; ++item) {
+      const int s = state.index;
+      MbarWait(bar.LoraEmpty(s), state.phase ^ 1);
+      if (lane == 0) {
+        const uint32_t full = bar.LoraFull(s);
+        const bool chunk = p.rank > 0;
+        const bool affine = item == 0 && tile.valid;
+        uint32_t tx = 0;
+        if (chunk) tx += (tile.valid ? C::kLoraUpBytes : 0) + halves * C::kLaF32HalfBytes;
+        if (affine && p.alpha != nullptr) tx += C::kAlphaBytes;
+        if (affine && p.bias != nullptr) tx += C::kBiasBytes;
+        MbarArriveExpectTx(full, tx);
+        if (chunk) {
+          const int rank0 = item * C::kLoraChunk;
+          if (tile.valid) {
+            // Two boxes of 64 columns x kLoraChunk ranks (128-byte swizzle), one per consumer warpgroup.
+            const uint32_t dst = smem + L::kLoraUp + s * L::Stride(kObjLoraUp);
+            TmaLoad2d(tm_up, dst, full, tile.n0, rank0);
+            TmaLoad2d(tm_up, dst + C::kLoraChunk * 128, full, tile.n0 + 64, rank0);
+          }
+          if (issue_half) {
+            const uint32_t dst = smem + L::kLaF32 + s * L::Stride(kObjLaF32) + cta_rank * C::kLaF32HalfBytes;
+            const int row = tile.m0 + static_cast<int>(cta_rank) * C::kHalfRows;
+            if constexpr (C::kCluster > 1) {
+              TmaLoad2dMulticast(tm_la, dst, full, rank0, row, (1u << C::kCluster) - 1);
+            } else {
+              TmaLoad2d(tm_la, dst, full, rank0, row);
+            }
+          }
+        }
+        const uint32_t affine_dst = smem + L::kAlphaBeta + s * L::Stride(kObjAlphaBeta);
+        if (affine && p.alpha != nullptr) BulkLoad(affine_dst, p.alpha + tile.n0, C::kAlphaBytes, full);
+        if (affine && p.bias != nullptr) {
+          BulkLoad(affine_dst + C::kAlphaBytes, static_cast<const uint8_t*>(p.bias) + 2 * tile.n0, C::kBiasBytes, full);
+        }
+      }
+      __syncwarp();
+      state.Advance();
+    }
+  }
+}
+
+// Warps 2-3: LA chunk fp32 [tokens][ranks] -> output dtype, K-major with the 128-byte (64-rank chunk) or
+// 64-byte (32-rank chunk) swizzle: the B operand of the low-rank wgmma.
+template <class C, class OutT>
+__device__ void ConvertLowRank(const KernelParams& p, uint32_t smem, Barriers<C> bar, int converter_thread,
+                               int lane) {
+  using L = Smem<C>;
+  constexpr int kChunks = C::kLoraChunk / 8;  // 16-byte chunks of 8 ranks per token row
+  constexpr int kSwizzleMask = C::kLaRowBytes == 128 ? 7 : 3;
+  const int items = LoraItems(p.rank, C::kLoraChunk);
+  PipeState<C::kLoraStages> state;
+  for (int ct = blockIdx.x / C::kCluster; ct < p.cluster_tiles; ct += gridDim.x / C::kCluster) {
+    for (int item = 0; item < items; ++item) {
+      const int s = state.index;
+      MbarWait(bar.LoraFull(s), state.phase);
+      if (p.rank > 0) {
+        const uint32_t src = smem + L::kLaF32 + s * L::Stride(kObjLaF32);
+        const uint32_t dst = smem + L::kLaHalf + s * L::Stride(kObjLaHalf);
+#pragma unroll 1
+        for (int u = converter_thread; u < C::kTileM * kChunks; u += 32 * kConverterWarps) {
+          const int row = u / kChunks;
+          const int chunk = u % kChunks;
+          const uint32_t from = src + 4 * (row * C::kLoraChunk + 8 * chunk);
+          const uint4 a = Lds128(from);
+          const uint4 b = Lds128(from + 16);
+          const uint4 packed{PackHalf2<OutT>(__uint_as_float(a.x), __uint_as_float(a.y)),
+                             PackHalf2<OutT>(__uint_as_float(a.z), __uint_as_float(a.w)),
+                             PackHalf2<OutT>(__uint_as_float(b.x), __uint_as_float(b.y)),
+                             PackHalf2<OutT>(__uint_as_float(b.z), __uint_as_float(b.w))};
+          // Swizzle: 16-byte chunk c of a row goes to c ^ (address bits 7.. of the row).
+          const int phase = (row * C::kLaRowBytes >> 7) & kSwizzleMask;
+          Sts128(dst + row * C::kLaRowBytes + ((chunk ^ phase) << 4), packed);
+        }
+        FenceProxyAsync();
+      }
+      __syncwarp();
+      if (lane == 0) {
+        MbarArrive(bar.LoraConverted(s));
+        if constexpr (C::kCluster > 1) {
+          for (uint32_t cta = 0; cta < C::kCluster; ++cta) MbarArriveCluster(bar.LoraEmpty(s), cta);
+        } else {
+          MbarArrive(bar.LoraEmpty(s));
+        }
+      }
+      state.Advance();
+    }
+  }
+}
+
+// acc += part · s_x[token] · s_w[column] for one unit (slice, group) of this thread's fragment.
+template <class C, class OutT, bool kFp8Act>
+__device__ __forceinline__ void Promote(float (&acc)[C::kSliceN / 2], const float (&part)[C::kSliceN / 2],
+                                        uint32_t act_scales, int slice, int group, const float (&sw)[2], int t) {
+#pragma unroll
+  for (int i = 0; i < C::kSliceN / 8; ++i) {
+    const int token = slice * C::kSliceN + 8 * i + 2 * t;
+    const uint2 words = Lds64(act_scales + 4 * token);
+    const float sx0 = GroupScale<OutT, kFp8Act>(words.x, group);
+    const float sx1 = GroupScale<OutT, kFp8Act>(words.y, group);
+    acc[4 * i + 0] = fmaf(part[4 * i + 0] * sx0, sw[0], acc[4 * i + 0]);
+    acc[4 * i + 1] = fmaf(part[4 * i + 1] * sx1, sw[0], acc[4 * i + 1]);
+    acc[4 * i + 2] = fmaf(part[4 * i + 2] * sx0, sw[1], acc[4 * i + 2]);
+    acc[4 * i + 3] = fmaf(part[4 * i + 3] * sx1, sw[1], acc[4 * i + 3]);
+  }
+}
+
+// Consumer warpgroup `wg` (0/1): columns [64 wg, 64 wg + 64) of the CTA tile.
+template <class C, class OutT, bool kFp8Act>
+__device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t smem, Barriers<C> bar,
+                        uint32_t cta_rank, int wg, int tid) {
+  using L = Smem<C>;
+  constexpr int kSliceN = C::kSliceN;
+  constexpr int kSlices = C::kSlices;
+  constexpr bool kBf16 = std::is_same_v<OutT, __nv_bfloat16>;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int t = lane % 4;
+  const int column = 64 * wg + 16 * warp + lane / 4;  // this thread's columns in the tile: column, column + 8
+  const int items = LoraItems(p.rank, C::kLoraChunk);
+
+  auto release_main = [&](int stage) {
+    __syncwarp();
+    if constexpr (C::kCluster > 1) {
+      if (lane < C::kCluster) MbarArriveCluster(bar.Empty(stage), lane);
+    } else {
+      if (lane == 0) MbarArrive(bar.Empty(stage));
+    }
+  };
+
+  float acc[kSlices][kSliceN / 2];
+  float part[2][kSliceN / 2];
+  PipeState<C::kStages> state;
+  PipeState<C::kLoraStages> lora_state;
+  const uint32_t staging = smem + L::kStaging + wg * (C::kTileM * 128);
+
+  for (int ct = blockIdx.x / C::kCluster; ct < p.cluster_tiles; ct += gridDim.x / C::kCluster) {
+    const Tile tile = TileAt<C>(ct, p, cta_rank);
+#pragma unroll
+    for (int sl = 0; sl < kSlices; ++sl) {
+#pragma unroll
+      for (int i = 0; i < kSliceN / 2; ++i) acc[sl][i] = 0.0f;
+    }
+
+    // ---- main loop
+    for (int ks = 0; ks < p.k_stages; ++ks) {
+      const int s = state.index;
+      MbarWait(bar.Full(s), state.phase);
+      const uint32_t wscales = smem + L::kWeightScales + s * L::Stride(kObjWeightScales);
+      const uint32_t sw_word0 = Lds32(wscales + 4 * column);
+      const uint32_t sw_word1 = Lds32(wscales + 4 * (column + 8));
+      const float sw[2][2] = {{GroupScale<OutT, false>(sw_word0, 0), GroupScale<OutT, false>(sw_word1, 0)},
+                              {GroupScale<OutT, false>(sw_word0, 1), GroupScale<OutT, false>(sw_word1, 1)}};
+      const uint32_t weights = smem + L::kWeights + s * L::Stride(kObjWeights) + wg * 2 * kWeightBlockBytes + 16 * tid;
+      uint32_t a[2][8];
+      WeightFragments(Lds128(weights), a[0]);
+      WeightFragments(Lds128(weights + kWeightBlockBytes), a[1]);
+      const uint32_t act_scales = smem + L::kActScales + s * L::Stride(kObjActScales);
+      const uint64_t desc_x =
+          MakeSmemDesc(smem + L::kActivations + s * L::Stride(kObjActivations), 16, 8 * C::kTileK, kSwizzle128B);
+#pragma unroll
+      for (int sl = 0; sl < kSlices; ++sl) {
+#pragma unroll
+        for (int gi = 0; gi < 2; ++gi) {
+          // Unit (sl, gi): tokens [sl kSliceN, +kSliceN), k [64 gi, 64 gi + 64) of the stage.
+          const uint32_t offset = sl * kSliceN * C::kTileK + 64 * gi;
+          FenceOperands(part[gi]);
+          WgmmaFence();
+          Wgmma<kSliceN>::E4m3(part[gi], a[gi], desc_x + (offset >> 4), 0);
+          Wgmma<kSliceN>::E4m3(part[gi], a[gi] + 4, desc_x + ((offset + 32) >> 4), 1);
+          WgmmaCommit();
+          if (sl > 0 || gi > 0) {  // promote the previous unit while this one runs
+            const int prev_sl = gi == 0 ? sl - 1 : sl;
+            const int prev_gi = 1 - gi;
+            WgmmaWait<1>();
+            FenceOperands(part[prev_gi]);
+            Promote<C, OutT, kFp8Act>(acc[prev_sl], part[prev_gi], act_scales, prev_sl, prev_gi, sw[prev_gi], t);
+          }
+        }
+      }
+      // The stage's last unit: drained here, not across the loop's back edge (ptxas serializes every
+      // wgmma when accumulators of one in flight across the back edge are read); meanwhile the other
+      // consumer warpgroup keeps the tensor cores busy.
+      WgmmaWait<0>();
+      FenceOperands(part[1]);
+      Promote<C, OutT, kFp8Act>(acc[kSlices - 1], part[1], act_scales, kSlices - 1, 1, sw[1], t);
+      release_main(s);
+      state.Advance();
+    }
+
+    // ---- α, then the low-rank up projection into the same accumulators
+    float beta[2] = {0.0f, 0.0f};
+    for (int item = 0; item < items; ++item) {
+      const int s = lora_state.index;
+      MbarWait(bar.LoraFull(s), lora_state.phase);
+      MbarWait(bar.LoraConverted(s), lora_state.phase);
+      if (item == 0) {
+        const uint32_t affine = smem + L::kAlphaBeta + s * L::Stride(kObjAlphaBeta);
+        if (p.alpha != nullptr) {
+          const float alpha0 = __uint_as_float(Lds32(affine + 4 * column));
+          const float alpha1 = __uint_as_float(Lds32(affine + 4 * (column + 8)));
+#pragma unroll
+          for (int sl = 0; sl < kSlices; ++sl) {
+#pragma unroll
+            for (int i = 0; i < kSliceN / 2; ++i) acc[sl][i] *= (i & 2) ? alpha1 : alpha0;
+          }
+        }
+        if (p.bias != nullptr) {
+          const uint32_t bias = affine + C::kAlphaBytes;
+          beta[0] = HalfBitsToFloat<OutT>(Lds16(bias + 2 * column));
+          beta[1] = HalfBitsToFloat<OutT>(Lds16(bias + 2 * (column + 8)));
+        }
+      }
+      if (p.rank > 0) {
+        // A = L_upᵀ (64 columns x 16 ranks per k-step, MN-major, 128-byte swizzle: 8-rank groups 1024 B
+        // apart); B = the converted LA (tokens x 16 ranks, K-major). Always the whole chunk: the ranks
+        // past `rank` are zero in both operands (TMA zero fill), and a runtime trip count would put
+        // descriptor arithmetic between wgmmas, which makes ptxas serialize every wgmma of the kernel.
+        const uint64_t desc_a = MakeSmemDesc(smem + L::kLoraUp + s * L::Stride(kObjLoraUp) + wg * C::kLoraChunk * 128,
+                                             1024, 1024, kSwizzle128B);
+        const uint64_t desc_b = MakeSmemDesc(smem + L::kLaHalf + s * L::Stride(kObjLaHalf), 16, 8 * C::kLaRowBytes,
+                                             C::kLaRowBytes == 128 ? kSwizzle128B : kSwizzle64B);
+#pragma unroll
+        for (int sl = 0; sl < kSlices; ++sl) FenceOperands(acc[sl]);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < C::kLoraChunk / 16; ++kk) {
+#pragma unroll
+          for (int sl = 0; sl < kSlices; ++sl) {
+            Wgmma<kSliceN>::template Half<kBf16>(acc[sl], desc_a + ((kk * 16 * 128) >> 4),
+                                                  desc_b + ((sl * kSliceN * C::kLaRowBytes + kk * 32) >> 4));
+          }
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+#pragma unroll
+        for (int sl = 0; sl < kSlices; ++sl) FenceOperands(acc[sl]);
+      }
+      __syncwarp();
+      if (lane == 0) MbarArrive(bar.LoraEmpty(s));
+      lora_state.Advance();
+    }
+
+    // ---- epilogue: + β, stmatrix (transposed: token rows of 64 columns, 128-byte swizzle), TMA store
+    if (tid == 0) BulkWaitRead0();  // the previous tile's store has read the staging tile
+    NamedBarrierSync(1 + wg, kConsumerThreads);
+#pragma unroll
+    for (int pair = 0; pair < C::kTileM / 16; ++pair) {
+      const int sl = pair * 16 / kSliceN;
+      const int i = pair * 16 % kSliceN / 8;  // token blocks i, i + 1 of the slice
+      const float* d = acc[sl];
+      const uint32_t r0 = PackHalf2<OutT>(d[4 * i + 0] + beta[0], d[4 * i + 1] + beta[0]);
+      const uint32_t r1 = PackHalf2<OutT>(d[4 * i + 2] + beta[1], d[4 * i + 3] + beta[1]);
+      const uint32_t r2 = PackHalf2<OutT>(d[4 * i + 4] + beta[0], d[4 * i + 5] + beta[0]);
+      const uint32_t r3 = PackHalf2<OutT>(d[4 * i + 6] + beta[1], d[4 * i + 7] + beta[1]);
+      // Lane L gives row L % 8 of matrix L / 8: matrix j = (column half j & 1, token block j >> 1).
+      const int j = lane >> 3;
+      const int token = 16 * pair + 8 * (j >> 1) + (lane & 7);
+      const int chunk = 2 * warp + (j & 1);
+      StMatrixX4Trans(staging + token * 128 + ((chunk ^ (token & 7)) << 4), r0, r1, r2, r3);
+    }
+    FenceProxyAsync();
+    NamedBarrierSync(1 + wg, kConsumerThreads);
+    if (tid == 0 && tile.valid) {
+      TmaStore2d(tm_y, staging, tile.n0 + 64 * wg, tile.m0);  // clips the token rows >= M
+      BulkCommit();
+    }
+  }
+  if (tid == 0) BulkWait0();
+}
+
+template <int kShapeIndex, class OutT, bool kFp8Act>
+__global__ void __launch_bounds__(kThreads, 1)
+    W4A4GemmKernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x,
+                   const __grid_constant__ CUtensorMap tm_la, const __grid_constant__ CUtensorMap tm_up,
+                   const __grid_constant__ CUtensorMap tm_y, const __grid_constant__ KernelParams p) {
+  using C = Config<kShapeIndex>;
+  using L = Smem<C>;
+  extern __shared__ uint8_t smem_raw[];
+  // The swizzled regions need a 1024-byte aligned base (the plan's total + 1 KB of slack is allocated).
+  const uint32_t smem = (SmemAddr(smem_raw) + budget::kSwizzledAlign - 1) & ~uint32_t{budget::kSwizzledAlign - 1};
+  const Barriers<C> bar{smem + static_cast<uint32_t>(L::kBarriers)};
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const uint32_t cta_rank = C::kCluster > 1 ? ClusterCtaRank() : 0;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      MbarInit(bar.Full(s), C::kMainFullArrivals);
+      MbarInit(bar.Empty(s), C::kMainEmptyArrivals);
+    }
+    for (int s = 0; s < C::kLoraStages; ++s) {
+      MbarInit(bar.LoraFull(s), C::kLoraFullArrivals);
+      MbarInit(bar.LoraConverted(s), C::kLoraConvertedArrivals);
+      MbarInit(bar.LoraEmpty(s), C::kLoraEmptyArrivals);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if constexpr (C::kCluster > 1) ClusterSync();  // the peer's barriers exist before any multicast or arrive
+
+  if (warp < 4) {
+    SetMaxRegistersDec<kProducerRegisters>();
+    if (warp == 0) {
+      if (lane == 0) {
+        TmaPrefetch(tm_w);
+        TmaPrefetch(tm_x);
+      }
+      ProduceMain<C>(tm_w, tm_x, p, smem, bar, cta_rank, lane);
+    } else if (warp == 1) {
+      if (lane == 0 && p.rank > 0) {
+        TmaPrefetch(tm_up);
+        TmaPrefetch(tm_la);
+      }
+      ProduceLowRank<C>(tm_up, tm_la, p, smem, bar, cta_rank, lane);
+    } else {
+      ConvertLowRank<C, OutT>(p, smem, bar, threadIdx.x - 64, lane);
+    }
+  } else {
+    SetMaxRegistersInc<kConsumerRegisters>();
+    Consume<C, OutT, kFp8Act>(tm_y, p, smem, bar, cta_rank, warp / 4 - 1, threadIdx.x % 128);
+  }
+  // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
+  if constexpr (C::kCluster > 1) ClusterSync();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Host side.
+
+using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
+
+EncodeTiledFn GetEncodeTiled() {
+  static const EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult query;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &query) !=
+            cudaSuccess ||
+        query != cudaDriverEntryPointSuccess) {
+      return EncodeTiledFn{nullptr};
+    }
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// A row-major tensor: dims innermost first, strides (bytes) of dims 1.., box innermost first.
+template <int kRank>
+bool EncodeTiled(CUtensorMap* map, CUtensorMapDataType type, const void* base, const uint64_t (&dims)[kRank],
+                 const uint64_t (&strides)[kRank - 1], const uint32_t (&box)[kRank], CUtensorMapSwizzle swizzle) {
+  const EncodeTiledFn encode = GetEncodeTiled();
+  if (encode == nullptr) return false;
+  uint32_t element_strides[kRank];
+  for (int i = 0; i < kRank; ++i) element_strides[i] = 1;
+  const CUresult result = encode(map, type, kRank, const_cast<void*>(base), dims, strides, box, element_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);  // out-of-bounds elements read as zero
+  return result == CUDA_SUCCESS;
+}
+
+int SmCount() {
+  int device = 0;
+  int count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 0;
+  }
+  return count;
+}
+
+template <int kShapeIndex, class OutT, bool kFp8Act>
+cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
+  using C = Config<kShapeIndex>;
+  const auto kernel = W4A4GemmKernel<kShapeIndex, OutT, kFp8Act>;
+  const int m = static_cast<int>(args.m);
+  const int n = static_cast<int>(args.n);
+  const int k = static_cast<int>(args.k);
+  const int rank = static_cast<int>(args.rank);
+
+  CUtensorMap tm_w{}, tm_x{}, tm_la{}, tm_up{}, tm_y{};
+  const CUtensorMapDataType half = std::is_same_v<OutT, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // Prepacked weights as (256 x u64 per 64 x 64 block, k/64, n/64); a stage is 2 x 2 blocks.
+  bool ok = EncodeTiled<3>(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT64, args.qweight,
+                           {kWeightBlockBytes / 8, uint64_t(k / 64), uint64_t(n / 64)},
+                           {kWeightBlockBytes, uint64_t(k / 64) * kWeightBlockBytes}, {kWeightBlockBytes / 8, 2, 2},
+                           CU_TENSOR_MAP_SWIZZLE_NONE);
+  ok = ok && EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT8, args.q_x, {uint64_t(k), uint64_t(m)}, {uint64_t(k)},
+                            {uint32_t(C::kTileK), uint32_t(C::kHalfRows)}, CU_TENSOR_MAP_SWIZZLE_128B);
+  ok = ok && EncodeTiled<2>(&tm_y, half, args.y, {uint64_t(n), uint64_t(m)}, {uint64_t(n) * 2},
+                            {64, uint32_t(C::kTileM)}, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (rank > 0) {
+    ok = ok && EncodeTiled<2>(&tm_la, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, args.la, {uint64_t(rank), uint64_t(m)},
+                              {uint64_t(rank) * 4}, {uint32_t(C::kLoraChunk), uint32_t(C::kHalfRows)},
+                              CU_TENSOR_MAP_SWIZZLE_NONE);
+    ok = ok && EncodeTiled<2>(&tm_up, half, args.lora_up, {uint64_t(n), uint64_t(rank)}, {uint64_t(n) * 2},
+                              {64, uint32_t(C::kLoraChunk)}, CU_TENSOR_MAP_SWIZZLE_128B);
+  }
+  if (!ok) return cudaErrorInvalidValue;
+
+  KernelParams p{};
+  p.s_x = static_cast<const uint8_t*>(args.s_x);
+  p.wscales = static_cast<const uint8_t*>(args.wscales);
+  p.alpha = args.alpha;
+  p.bias = args.bias;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.rank = rank;
+  p.k_stages = k / C::kTileK;
+  p.m_tiles = (m + C::kTileM - 1) / C::kTileM;
+  p.n_tiles = n / C::kTileN;
+  p.n_groups = (p.n_tiles + C::kCluster - 1) / C::kCluster;
+  const int64_t cluster_tiles = int64_t{p.m_tiles} * p.n_groups;
+  if (cluster_tiles > INT32_MAX) return cudaErrorInvalidValue;
+  p.cluster_tiles = static_cast<int>(cluster_tiles);
+
+  // Per call: the attribute belongs to the current device's context (a host call, no stream work).
+  const cudaError_t attribute_status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmemBytes));
+  if (attribute_status != cudaSuccess) return attribute_status;
+
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = C::kCluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = C::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+
+  // Persistent grid: as many clusters as can be resident at once (asked once per kernel: the devices
+  // of a process are assumed alike), capped by the work.
+  static const int resident_clusters = [&] {
+    int clusters = 0;
+    config.gridDim = dim3(C::kCluster);
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters <= 0) {
+      cudaGetLastError();  // the failed query must not surface as a later launch's error; use the SM count
+      clusters = SmCount() / C::kCluster;
+    }
+    return std::max(clusters, 1);
+  }();
+  config.gridDim = dim3(std::min(resident_clusters, p.cluster_tiles) * C::kCluster);
+  return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_la, tm_up, tm_y, p);
+}
+
+// Token tile by M (the plan's kW4A4Shapes order): 16, 32, 64 (cluster 2) or 128 (cluster 2).
+int ShapeForTokens(int64_t m) {
+  for (int i = 0; i < 3; ++i) {
+    if (m <= kW4A4Shapes[i].tile_m) return i;
+  }
+  return 3;
+}
+
+template <class OutT, bool kFp8Act>
+cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
+  switch (ShapeForTokens(args.m)) {
+    case 0:
+      return LaunchShape<0, OutT, kFp8Act>(args, stream);
+    case 1:
+      return LaunchShape<1, OutT, kFp8Act>(args, stream);
+    case 2:
+      return LaunchShape<2, OutT, kFp8Act>(args, stream);
+    default:
+      return LaunchShape<3, OutT, kFp8Act>(args, stream);
+  }
+}
+
+static_assert(sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]) == 4 && kW4A4Shapes[0].tile_m == 16 &&
+                  kW4A4Shapes[1].tile_m == 32 && kW4A4Shapes[2].tile_m == 64 && kW4A4Shapes[3].tile_m == 128,
+              "ShapeForTokens walks the plan's shapes by increasing token tile");
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+const char* CheckW4A4GemmSm90Shape(int64_t m, int64_t n, int64_t k, int64_t rank) {
+  if (n <= 0 || n % 128) return "N must be a positive multiple of 128";
+  if (k <= 0 || k % 128) return "K must be a positive multiple of 128";
+  if (rank < 0 || rank % 16 || rank > kMaxRank) return "the low-rank rank must be a multiple of 16 in [0, 256]";
+  if (m < 0 || m >= (int64_t{1} << 31) || n >= (int64_t{1} << 31) || k >= (int64_t{1} << 31)) {
+    return "M, N and K must be below 2^31";
+  }
+  return nullptr;
+}
+
+cudaError_t LaunchW4A4GemmSm90(const W4A4GemmSm90Args& args, cudaStream_t stream) {
+  if (CheckW4A4GemmSm90Shape(args.m, args.n, args.k, args.rank) != nullptr) return cudaErrorInvalidValue;
+  if (args.m == 0) return cudaSuccess;
+  const bool rank_ok = args.rank == 0 || (Aligned16(args.la) && Aligned16(args.lora_up));
+  if (!Aligned16(args.q_x) || !Aligned16(args.qweight) || !Aligned16(args.y) || !rank_ok ||
+      (args.alpha != nullptr && !Aligned16(args.alpha)) || (args.bias != nullptr && !Aligned16(args.bias)) ||
+      (reinterpret_cast<uintptr_t>(args.s_x) & 3) || (reinterpret_cast<uintptr_t>(args.wscales) & 3)) {
+    return cudaErrorInvalidValue;
+  }
+  const bool fp8 = args.act_format == ActFormat::kFp8;
+  if (args.out_type == HalfType::kBf16) {
+    return fp8 ? LaunchForTokens<__nv_bfloat16, true>(args, stream)
+               : LaunchForTokens<__nv_bfloat16, false>(args, stream);
+  }
+  return fp8 ? LaunchForTokens<__half, true>(args, stream) : LaunchForTokens<__half, false>(args, stream);
+}
+
+}  // namespace jax_w4a4::sm90

@@ -1,0 +1,44 @@
+// Launcher of the warp-specialized persistent W4A4 GEMM with the fused low-rank branch (w4a4_gemm.cu),
+// the production sm_90a kernel. The byte contract of every buffer is docs/layouts.md, section w4a4_gemm,
+// except the weights, which come prepacked (jax_w4a4/formats/svdq_layout.py). The FFI handler
+// (csrc/ffi/w4a4_gemm_ffi.cc) validates shapes and dtypes before calling in here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+// HalfType and ActFormat are shared with act_quant, whose outputs this GEMM consumes.
+#include "kernels/sm90/act_quant.h"
+
+namespace jax_w4a4::sm90 {
+
+struct W4A4GemmSm90Args {
+  const uint8_t* q_x;      // (m, k) e4m3 codes, every act_format (int4/uint4 values are integers)
+  const void* s_x;         // (m, k/64) out dtype (int4/uint4) or (m, k/128) fp32 (fp8)
+  const float* la;         // (m, rank) fp32; unused when rank == 0
+  const uint8_t* qweight;  // prepacked (n/64, k/64, 2048) uint8: formats/svdq_layout.py
+  const void* wscales;     // (n, k/64) out dtype
+  const void* lora_up;     // (rank, n) out dtype; unused when rank == 0
+  const float* alpha;      // (n,) fp32 or nullptr
+  const void* bias;        // (n,) out dtype or nullptr
+  void* y;                 // (m, n) out dtype
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  int64_t rank;
+  HalfType out_type;
+  ActFormat act_format;
+};
+
+// The shapes the kernel serves: n and k positive multiples of 128, rank a multiple of 16 in [0, 256],
+// 0 <= m < 2^31 (m == 0 launches nothing). Returns nullptr when served, else the violated rule.
+const char* CheckW4A4GemmSm90Shape(int64_t m, int64_t n, int64_t k, int64_t rank);
+
+// Enqueues the kernel on `stream`: no host sync, no allocation, CUDA-graph safe (the TMA descriptors
+// are encoded on the host for every call and passed as kernel parameters). Returns
+// cudaErrorInvalidValue for a shape outside CheckW4A4GemmSm90Shape or a pointer that is not 16-byte
+// aligned, otherwise the launch status.
+cudaError_t LaunchW4A4GemmSm90(const W4A4GemmSm90Args& args, cudaStream_t stream);
+
+}  // namespace jax_w4a4::sm90

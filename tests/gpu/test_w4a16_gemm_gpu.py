@@ -1,0 +1,159 @@
+"""w4a16_gemm on the GPU (csrc/kernels/sm90/w4a16_gemm.cu) against jax_w4a4.reference.w4a16_gemm.
+
+The kernel runs through jax_w4a4.ops.w4a16_gemm under jax.jit with the prepacked weights; the
+reference gets the logical weights and runs as plain XLA (fp32, precision HIGHEST) on the same GPU,
+on the same quantized weights (formats.w4a16.quantize). The kernel promotes exact (q − z) partial
+sums with fp32 scales, so it differs from the reference only by fp32 summation order and the final
+rounding: the tolerances below are far tighter than a wrong scale, zero, group or row would pass.
+Before each kernel run the allocator is filled with NaN buffers of the output's size, so an element
+the kernel forgot to write shows up as non-finite.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_w4a4 import ops, reference
+from jax_w4a4.formats import w4a16, w4a16_layout
+
+pytestmark = pytest.mark.gpu
+
+BF16, FP16 = jnp.bfloat16, jnp.float16
+# Relative Frobenius error and worst element (relative to max |reference|), per output dtype.
+TOLERANCE = {jnp.dtype(BF16): (2e-3, 1e-2), jnp.dtype(FP16): (5e-4, 2e-3)}
+TOKENS = (1, 3, 16, 33, 64, 200)
+
+
+def _gpu():
+    return jax.devices("cuda")[0]
+
+
+@functools.cache
+def weights(n, k, group_size, zero_point, dtype, act_order, seed=0):
+    """Quantized random weights (on the GPU): logical and prepacked forms, scales, zeros, g_idx."""
+    key = jax.random.key(seed)
+    with jax.default_device(_gpu()):
+        w = jax.random.normal(key, (n, k), jnp.float32) * jnp.exp2(
+            jax.random.uniform(jax.random.fold_in(key, 1), (n, 1), jnp.float32, -2, 2)
+        )
+        size = k if group_size == -1 else group_size
+        g_idx = None
+        if act_order:  # GPTQ act-order: groups are consecutive runs of a random column order
+            order = jax.random.permutation(jax.random.fold_in(key, 2), k)
+            g_idx = (jnp.argsort(order) // size).astype(jnp.int32)
+        q = jax.jit(w4a16.quantize, static_argnames=("group_size", "zero_point", "scale_dtype"))(
+            w, group_size=group_size, zero_point=zero_point, scale_dtype=dtype, g_idx=g_idx
+        )
+        prepack = jax.jit(w4a16_layout.prepack, static_argnames="group_size")
+        packed = prepack(q.qweight) if g_idx is None else prepack(q.qweight, g_idx=g_idx, group_size=group_size)
+        bias = jax.random.normal(jax.random.fold_in(key, 3), (n,), jnp.float32).astype(dtype)
+        return jax.block_until_ready((q.qweight, packed, q.scales, q.zeros, g_idx, bias))
+
+
+def activations(lead, k, dtype, seed=1):
+    x = jax.random.normal(jax.random.key(seed), (*lead, k), jnp.float32)
+    return jax.device_put(x.astype(dtype), _gpu())
+
+
+def _poison_allocator(shape, dtype):
+    """Allocate and free output-sized NaN buffers, which the kernel's output then reuses."""
+    bufs = [jnp.full(shape, jnp.nan, dtype, device=_gpu()) for _ in range(2)]
+    jax.block_until_ready(bufs)
+    del bufs
+
+
+@functools.partial(jax.jit, static_argnames="group_size")
+def _kernel(x, packed, scales, zeros, g_idx, bias, *, group_size):
+    return ops.w4a16_gemm(x, packed, scales, zeros, g_idx, bias, group_size=group_size)
+
+
+@functools.partial(jax.jit, static_argnames="group_size")
+def _reference(x, qweight, scales, zeros, g_idx, bias, *, group_size):
+    return reference.w4a16_gemm(x, qweight, scales, zeros, g_idx, bias, group_size=group_size)
+
+
+def run_and_compare(x, n, k, group_size, zero_point, dtype, act_order, with_bias):
+    qweight, packed, scales, zeros, g_idx, bias = weights(n, k, group_size, zero_point, dtype, act_order)
+    bias = bias if with_bias else None
+    size = k if group_size == -1 else group_size
+    _poison_allocator((*x.shape[:-1], n), dtype)
+    y = np.asarray(_kernel(x, packed, scales, zeros, g_idx, bias, group_size=size).astype(jnp.float32))
+    ref = np.asarray(_reference(x, qweight, scales, zeros, g_idx, bias, group_size=size).astype(jnp.float32))
+    assert y.shape == (*x.shape[:-1], n)
+    assert np.isfinite(y).all(), f"{np.size(y) - np.isfinite(y).sum()} non-finite outputs"
+    frobenius, worst = TOLERANCE[jnp.dtype(dtype)]
+    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    max_err = np.abs(y - ref).max() / np.abs(ref).max()
+    assert err < frobenius and max_err < worst, f"relative error {err:.2e}, worst element {max_err:.2e}"
+    return y
+
+
+# One configuration per decode shape (together they cover every group size, both zero-point modes,
+# act-order, bias, bf16 and fp16), each at every token count.
+SHAPE_CONFIGS = [
+    # (n, k, group_size, zero_point, dtype, act_order, bias)
+    (4096, 4096, 32, True, BF16, False, True),
+    (8192, 8192, 128, True, FP16, True, True),
+    (28672, 8192, 128, False, BF16, False, False),
+    (8192, 28672, 64, True, BF16, True, False),
+    (576, 1536, -1, False, FP16, False, True),
+    (1536, 576, 32, True, BF16, True, False),
+]
+
+
+@pytest.mark.parametrize("config", SHAPE_CONFIGS, ids=lambda c: f"{c[0]}x{c[1]}-g{c[2]}-{'zp' if c[3] else 'sym'}-{jnp.dtype(c[4]).name}{'-act' if c[5] else ''}")
+@pytest.mark.parametrize("m", TOKENS)
+def test_decode_shapes(config, m):
+    n, k, group_size, zero_point, dtype, act_order, with_bias = config
+    run_and_compare(activations((m,), k, dtype), n, k, group_size, zero_point, dtype, act_order, with_bias)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("group_size", [32, 64, 128, -1])
+@pytest.mark.parametrize("zero_point", [False, True], ids=["sym", "zp"])
+def test_every_format(dtype, group_size, zero_point):
+    n, k = 576, 1536
+    for m in (1, 33):
+        run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, False, True)
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128, -1])
+def test_every_group_size_with_act_order(group_size):
+    n, k = 576, 1536
+    dtype = BF16 if group_size in (32, 128) else FP16
+    for m in (1, 33):
+        run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, group_size != 64, dtype, True, True)
+
+
+def test_leading_dims_and_small_split_k():
+    """x (..., K): the leading dims are flattened; 4096 x 4096 runs split-K over 8 CTAs per tile."""
+    x = activations((2, 3), 4096, BF16)
+    run_and_compare(x, 4096, 4096, 64, True, BF16, False, True)
+
+
+def test_split_k_is_deterministic():
+    n, k = 8192, 8192  # split-K with the ticketed reduction
+    _, packed, scales, zeros, g_idx, bias = weights(n, k, 128, True, FP16, True)
+    x = activations((16,), k, FP16)
+    first = np.asarray(_kernel(x, packed, scales, zeros, g_idx, bias, group_size=128))
+    for _ in range(3):
+        again = np.asarray(_kernel(x, packed, scales, zeros, g_idx, bias, group_size=128))
+        np.testing.assert_array_equal(again.view(np.uint16), first.view(np.uint16))
+
+
+def test_mismatched_act_order_gives_nan_not_a_wrong_answer():
+    n, k = 576, 1536
+    _, packed, scales, zeros, g_idx, bias = weights(n, k, 64, False, BF16, True)
+    x = activations((4,), k, BF16)
+    # Prepacked with act-order but called without g_idx.
+    y = np.asarray(_kernel(x, packed, scales, zeros, None, bias, group_size=64).astype(jnp.float32))
+    assert np.isnan(y).all()
+    # Called with a g_idx that is not the one the weights were prepacked with.
+    wrong = jnp.roll(g_idx, 1)
+    y = np.asarray(_kernel(x, packed, scales, zeros, wrong, bias, group_size=64).astype(jnp.float32))
+    assert np.isnan(y).all()

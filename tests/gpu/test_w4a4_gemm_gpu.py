@@ -1,0 +1,146 @@
+"""w4a4_gemm on the GPU through the warp-specialized sm90 kernel (csrc/kernels/sm90/w4a4_gemm.cu).
+
+The activations come from ``reference.act_quant`` on random X, the weights from
+``formats.svdq.quantize_weights`` then ``formats.svdq_layout.prepack`` (the kernel layout); the reference
+``jax_w4a4.reference.w4a4_gemm`` runs on the CPU backend on the very same quantized arrays (logical
+weights), so a failure here is the GEMM's. The cases cover every token tile (16, 32: one CTA; 64, 128:
+clusters of 2 with the multicast token operand), masked token tails (a tile's second half partly and
+wholly past M), the phantom column tile of an odd tile count, several tiles per persistent CTA, long K
+(the stage ring wraps many times), low-rank chunks (none, partial, several per tile), α/β present or
+absent, bf16 and fp16, and the three activation formats. Checks: every element finite (the output memory
+is poisoned with NaN before the run: a freed NaN buffer of the same size, which XLA's allocator hands out
+again), relative Frobenius error below the bound, and the data are such that dropping the low-rank term
+or α/β would fail that bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_w4a4 import ops, reference
+from jax_w4a4.formats import svdq, svdq_layout
+
+pytestmark = pytest.mark.gpu
+
+BF16, F16 = jnp.bfloat16, jnp.float16
+TOLERANCE = {BF16: 4e-3, F16: 1.5e-3}  # relative Frobenius error
+ROWS_CHECKED = 128  # rows compared against the CPU reference when M is large (all rows are checked finite)
+
+# (M, N, K, rank, α/β, dtype, act_format): M in {1, 7, 64, 333, 4096} plus tile-edge M's, every (N, K) of
+# the brief, ranks {0, 16, 32, 128}; one act_format per case, all three formats over the list.
+CASES = [
+    (1, 3072, 3072, 16, True, BF16, "int4"),         # 16-token tile, partial low-rank chunk
+    (7, 14336, 4096, 0, False, BF16, "fp8"),         # 16-token tile, masked tail, no low rank, no α/β
+    (7, 128, 128, 16, True, F16, "uint4"),           # smallest shape: one K stage, one column tile
+    (20, 28672, 1024, 32, True, F16, "int4"),        # 32-token tile, 224 column tiles: 2 per CTA
+    (40, 4096, 4096, 128, False, BF16, "uint4"),     # 64-token tile (cluster): second half partly past M
+    (64, 12288, 3072, 32, True, F16, "fp8"),         # 64-token tile, full
+    (64, 128, 128, 0, True, BF16, "int4"),           # cluster with a phantom column tile (1 tile of 128)
+    (150, 3072, 3072, 16, True, BF16, "fp8"),        # 128-token tile: last tile's second half wholly past M
+    (333, 4096, 4096, 128, True, F16, "int4"),       # 128-token tile, 3 token tiles, 4 low-rank chunks
+    (333, 128, 128, 32, False, F16, "fp8"),          # 128-token tile with a phantom column tile
+    (4096, 3072, 12288, 32, False, F16, "uint4"),    # prefill: long K, 384 cluster tiles (~6 per CTA)
+    (4096, 14336, 4096, 128, True, BF16, "fp8"),     # prefill: wide N
+    (4096, 4096, 4096, 0, True, BF16, "int4"),       # prefill: rank 0 with α/β
+]
+
+
+def _case_id(case):
+    m, n, k, rank, affine, dtype, fmt = case
+    return f"{jnp.dtype(dtype).name}-{fmt}-M{m}-N{n}-K{k}-r{rank}{'-affine' if affine else ''}"
+
+
+@functools.partial(jax.jit, static_argnames=("m", "n", "k", "rank", "dtype", "act_format"))
+def _make_inputs(key, *, m, n, k, rank, dtype, act_format):
+    """Random X, smoothing, low-rank factors, weights; X quantized by the reference act_quant (so a
+    failure here is the GEMM's)."""
+    kx, ks, kd, ku, kw, ka, kb = jax.random.split(key, 7)
+    x = jax.random.normal(kx, (m, k), jnp.float32)
+    if act_format == "uint4":
+        x = jnp.abs(x)  # the unsigned format is for non-negative activations
+    x = x.astype(dtype)
+    smooth = jax.random.uniform(ks, (k,), jnp.float32, 0.5, 2.0)
+    lora_down = (jax.random.normal(kd, (k, rank)) / np.sqrt(k)).astype(dtype)
+    # Scaled so the low-rank term is about half the main product: both must be right to pass.
+    lora_up = (jax.random.normal(ku, (rank, n)) * (0.7 / np.sqrt(max(rank, 1)))).astype(dtype)
+    w = jax.random.normal(kw, (n, k)) * (1.0 / np.sqrt(k))
+    qweight, wscales = svdq.quantize_weights(w, scale_dtype=dtype)
+    q_x, s_x, la = reference.act_quant(x, smooth, lora_down, act_format=act_format)
+    alpha = jax.random.uniform(ka, (n,), jnp.float32, 0.5, 1.5)
+    bias = jax.random.normal(kb, (n,)).astype(dtype)
+    return q_x, s_x, la, qweight, wscales, lora_up, alpha, bias
+
+
+def _poison_output_memory(shape, dtype):
+    """Fill a buffer of the output's size with NaN and free it: XLA's allocator reuses it for the output."""
+    jnp.full(shape, jnp.nan, dtype).block_until_ready()
+
+
+def _relative_error(y, ref):
+    y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+def _cpu_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, act_format):
+    cpu = jax.devices("cpu")[0]
+    args = jax.device_put((q_x, s_x, la, qweight, wscales, lora_up, alpha, bias), cpu)
+    fn = jax.jit(functools.partial(reference.w4a4_gemm, act_format=act_format))  # runs where the args are
+    return np.asarray(fn(*args), np.float32)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_w4a4_gemm_sm90_matches_reference(case):
+    m, n, k, rank, affine, dtype, act_format = case
+    key = jax.random.key(zlib.crc32(_case_id(case).encode()))
+    q_x, s_x, la, qweight, wscales, lora_up, alpha, bias = _make_inputs(
+        key, m=m, n=n, k=k, rank=rank, dtype=dtype, act_format=act_format)
+    alpha, bias = (alpha, bias) if affine else (None, None)
+    prepacked = svdq_layout.prepack(qweight)
+    args = (q_x, s_x, la, prepacked, wscales, lora_up, alpha, bias)
+    gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format=act_format)).lower(*args).compile()
+
+    _poison_output_memory((m, n), dtype)
+    y = np.asarray(jax.block_until_ready(gemm(*args)), np.float32)
+    assert y.shape == (m, n)
+    assert np.isfinite(y).all(), f"{np.sum(~np.isfinite(y))} of {y.size} outputs not finite (unwritten?)"
+
+    # Rows are independent: the first and last rows (the token tails) and a random spread when M is large.
+    rows = np.arange(m) if m <= 400 else np.unique(np.concatenate(
+        [[0, m - 1], np.random.default_rng(m).choice(m, ROWS_CHECKED - 2, replace=False)]))
+    ref = _cpu_reference(q_x[rows], s_x[rows], la[rows], qweight, wscales, lora_up, alpha, bias, act_format)
+    got = y[rows]
+    tol = TOLERANCE[dtype]
+    err = _relative_error(got, ref)
+    assert err < tol, f"relative Frobenius error {err:.2e} >= {tol:.1e}"
+    row_err = np.linalg.norm(got - ref, axis=1) / np.maximum(np.linalg.norm(ref, axis=1), 1e-30)
+    assert row_err.max() < 4 * tol, f"row {rows[np.argmax(row_err)]}: relative error {row_err.max():.2e}"
+
+    # The bound can fail: dropping the low-rank term or α/β moves the result far more than the tolerance.
+    ref64 = ref.astype(np.float64)
+    lowrank = np.zeros_like(ref64)
+    if rank > 0:
+        la_rounded = np.asarray(la[rows].astype(dtype), np.float64)
+        lowrank = la_rounded @ np.asarray(lora_up, np.float64)
+        assert np.linalg.norm(lowrank) > 10 * tol * np.linalg.norm(ref64)
+    if affine:
+        beta = np.asarray(bias, np.float64)
+        alpha64 = np.asarray(alpha, np.float64)
+        main = (ref64 - lowrank - beta) / alpha64
+        assert np.linalg.norm((alpha64 - 1) * main + beta) > 10 * tol * np.linalg.norm(ref64)
+
+
+def test_w4a4_gemm_sm90_is_deterministic():
+    """No split-K, fixed accumulation order: repeated runs are bitwise equal."""
+    q_x, s_x, la, qweight, wscales, lora_up, alpha, bias = _make_inputs(
+        jax.random.key(11), m=333, n=3072, k=4096, rank=32, dtype=BF16, act_format="int4")
+    gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format="int4"))
+    args = (q_x, s_x, la, svdq_layout.prepack(qweight), wscales, lora_up, alpha, bias)
+    first = np.asarray(gemm(*args))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(gemm(*args)), first)
