@@ -6,16 +6,26 @@
 
 from jax_w4a4.export import export_safety_checks
 from jax_w4a4.linear import linear
-from jax_w4a4.weights import MODES, QuantizedWeights, SVDQuantWeights, W4A16Weights, quantize_linear
+from jax_w4a4.weights import (
+    MODES,
+    FakeQuantFP4Weights,
+    QuantizedWeights,
+    SVDQuantWeights,
+    W4A16Weights,
+    quantize_fp4,
+    quantize_linear,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MODES",
+    "FakeQuantFP4Weights",
     "QuantizedWeights",
     "SVDQuantWeights",
     "W4A16Weights",
     "export_safety_checks",
     "linear",
+    "quantize_fp4",
     "quantize_linear",
 ]

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 
 from jax_w4a4 import ops
 from jax_w4a4.ops import checks
-from jax_w4a4.weights import QuantizedWeights, SVDQuantWeights, W4A16Weights
+from jax_w4a4.reference import HIGHEST
+from jax_w4a4.weights import FakeQuantFP4Weights, QuantizedWeights, SVDQuantWeights, W4A16Weights
 
 
 def _check_input(x: jax.Array, weights: QuantizedWeights) -> None:
@@ -27,7 +28,8 @@ def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
 
     W4A4 / W4A8 weights run the fused activation quantization then the W4A4 GEMM with the low-rank
     branch; W4A16 weights run the weight-only GEMM. On a GPU these are the CUDA kernels, elsewhere the
-    reference math. Works under ``jax.jit``, ``jax.vmap`` and ``jax.export``.
+    reference math. FakeQuantFP4Weights (nvfp4 / mxfp4) have no kernel: they always run as XLA ops
+    (dequantize, then an fp32 dot). Works under ``jax.jit``, ``jax.vmap`` and ``jax.export``.
     """
     if isinstance(weights, SVDQuantWeights):
         _check_input(x, weights)
@@ -42,6 +44,18 @@ def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
             x, weights.qweight, weights.scales, weights.zeros, weights.g_idx, weights.bias,
             group_size=weights.group_size,
         )
+    if isinstance(weights, FakeQuantFP4Weights):
+        _check_input(x, weights)
+        return _fake_quant_fp4_linear(x, weights)
     raise TypeError(
-        f"jax_w4a4.linear: weights must be SVDQuantWeights or W4A16Weights, got {type(weights).__name__}"
+        "jax_w4a4.linear: weights must be SVDQuantWeights, W4A16Weights or FakeQuantFP4Weights, "
+        f"got {type(weights).__name__}"
     )
+
+
+def _fake_quant_fp4_linear(x: jax.Array, weights: FakeQuantFP4Weights) -> jax.Array:
+    """nvfp4 / mxfp4 weights as XLA ops (no Hopper kernel): dequantize, fp32 dot, output in x's dtype."""
+    acc = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), weights.dequantize(), precision=HIGHEST)
+    if weights.bias is not None:
+        acc = acc + weights.bias.astype(jnp.float32)
+    return acc.astype(x.dtype)

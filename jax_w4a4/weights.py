@@ -9,13 +9,15 @@ branch (data-free) for the W4A4 modes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from collections.abc import Callable
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
-from jax_w4a4.formats import fp8, svdq, w4a16, w4a16_layout
+from jax_w4a4.formats import fp4, fp8, svdq, svdq_layout, w4a16, w4a16_layout
 from jax_w4a4.ops import checks
 
 Mode = Literal["svdq-int4", "w4a8", "w4a16"]
@@ -28,7 +30,8 @@ class SVDQuantWeights:
     """W4A4 (or W4A8) weights with a low-rank branch: ``Y = α ⊙ Q(X̂)·Q(R)ᵀ + (X·L_down)·L_up + β``.
 
     Attributes:
-      qweight: ``(N, K/2)`` uint8, packed signed int4 residual weights.
+      qweight: packed signed int4 residual weights in the GEMM's prepacked layout
+        (:mod:`jax_w4a4.formats.svdq_layout`; ``unprepack`` recovers the logical ``(N, K/2)`` uint8).
       wscales: ``(N, K/64)`` bf16/fp16 group scales; their dtype is the layer's dtype.
       smooth: ``(K,)`` fp32 smoothing factors λ (activations are divided by λ before quantization).
       lora_down: ``(K, r)`` low-rank down projection, layer dtype (r = 0: no branch).
@@ -49,11 +52,11 @@ class SVDQuantWeights:
 
     @property
     def in_features(self) -> int:
-        return self.qweight.shape[1] * 2
+        return self.wscales.shape[1] * svdq.GROUP_SIZE
 
     @property
     def out_features(self) -> int:
-        return self.qweight.shape[0]
+        return self.wscales.shape[0]
 
     @property
     def rank(self) -> int:
@@ -99,7 +102,55 @@ class W4A16Weights:
         return jnp.dtype(self.scales.dtype)
 
 
-QuantizedWeights = SVDQuantWeights | W4A16Weights
+FP4_FORMATS: tuple[str, ...] = ("nvfp4", "mxfp4")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class FakeQuantFP4Weights:
+    """nvfp4 / mxfp4 weights evaluated through the reference math (weight-only, fake-quantized).
+
+    ``Y = X · Ŵᵀ + β`` with ``Ŵ = dequantize_nvfp4 / dequantize_mxfp4`` (:mod:`jax_w4a4.formats.fp4`),
+    an fp32 dot with fp32 accumulation, output in X's dtype; activations are not quantized. There is
+    no CUDA kernel for these formats on Hopper yet: :func:`jax_w4a4.linear` runs them as plain XLA
+    ops (dequantize, then dot) on every platform. They exist so accuracy tables can include FP4.
+
+    Attributes:
+      packed: ``(N, K/2)`` uint8 e2m1 codes, two per byte.
+      scales: ``(N, K/16)`` uint8 e4m3 bits (nvfp4) or ``(N, K/32)`` uint8 e8m0 exponents (mxfp4).
+      tensor_scale: fp32 ``()`` tensor scale (nvfp4), or None (mxfp4).
+      bias: ``(N,)`` bias in the layer dtype, or None.
+      fmt: ``"nvfp4"`` or ``"mxfp4"``. Static.
+      dtype_name: the layer's dtype (``"bfloat16"`` or ``"float16"``); inputs must have it. Static.
+    """
+
+    packed: jax.Array
+    scales: jax.Array
+    tensor_scale: jax.Array | None = None
+    bias: jax.Array | None = None
+    fmt: str = dataclasses.field(default="nvfp4", metadata=dict(static=True))
+    dtype_name: str = dataclasses.field(default="bfloat16", metadata=dict(static=True))
+
+    @property
+    def in_features(self) -> int:
+        return self.packed.shape[1] * 2
+
+    @property
+    def out_features(self) -> int:
+        return self.packed.shape[0]
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype_name)
+
+    def dequantize(self) -> jax.Array:
+        """The fake-quantized weight ``Ŵ`` in fp32 ``(N, K)``."""
+        if self.fmt == "nvfp4":
+            return fp4.dequantize_nvfp4(self.packed, self.scales, self.tensor_scale)
+        return fp4.dequantize_mxfp4(self.packed, self.scales)
+
+
+QuantizedWeights = SVDQuantWeights | W4A16Weights | FakeQuantFP4Weights
 
 
 def _register_for_export(cls: type) -> None:
@@ -114,6 +165,7 @@ def _register_for_export(cls: type) -> None:
 
 _register_for_export(SVDQuantWeights)
 _register_for_export(W4A16Weights)
+_register_for_export(FakeQuantFP4Weights)
 
 
 def _low_rank_split(w_hat: jax.Array, rank: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -171,7 +223,7 @@ def quantize_linear(
     if mode == "w4a16":
         q = w4a16.quantize(w, group_size=group_size, zero_point=zero_point, scale_dtype=dtype, g_idx=g_idx)
         return W4A16Weights(
-            qweight=w4a16_layout.prepack(q.qweight),
+            qweight=w4a16_layout.prepack(q.qweight, g_idx=g_idx, group_size=group_size),
             scales=q.scales,
             zeros=q.zeros,
             g_idx=None if g_idx is None else g_idx.astype(jnp.int32),
@@ -183,15 +235,78 @@ def quantize_linear(
     checks.multiple_of(op, "K (w.shape[1])", k, act_group, f" for mode={mode!r}")
     smooth = jnp.ones((k,), jnp.float32) if smooth is None else smooth.astype(jnp.float32)
     checks.shape_is(op, "smooth", smooth, (k,))
-    us, v, residual = _low_rank_split(w * smooth, rank)
-    qweight, wscales = svdq.quantize_weights(residual, scale_dtype=dtype)
     act_format = "fp8" if mode == "w4a8" else ("uint4" if unsigned_activations else "int4")
+    return build_svdquant_weights(w, bias, smooth, rank=rank, act_format=act_format, dtype=dtype)
+
+
+ResidualQuantizer = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def build_svdquant_weights(
+    w: jax.Array,
+    bias: jax.Array | None,
+    smooth: jax.Array,
+    *,
+    rank: int,
+    act_format: str,
+    dtype: jnp.dtype,
+    quantize_residual: ResidualQuantizer | None = None,
+) -> SVDQuantWeights:
+    """The SVDQuant decomposition for given smoothing factors (jit-able; shapes are not re-checked).
+
+    ``Ŵ = W·diag(λ)``, top-r SVD ``Ŵ ≈ U_r S_r V_rᵀ``, ``L_down = diag(1/λ)·V_r``, ``L_up = (U_r S_r)ᵀ``,
+    residual ``R = Ŵ − U_r S_r V_rᵀ`` quantized by ``quantize_residual(R) -> (qweight, wscales)``
+    (default: round-to-nearest, :func:`jax_w4a4.formats.svdq.quantize_weights`).
+
+    Args:
+      w: ``(N, K)`` fp32 weights. bias: ``(N,)`` or None (cast to ``dtype``).
+      smooth: ``(K,)`` positive fp32 smoothing factors λ.
+      rank: low-rank rank r (multiple of 16, ≤ 256, or 0). act_format: ``"int4"``, ``"uint4"``, ``"fp8"``.
+      dtype: the layer's dtype (bf16 / fp16).
+    """
+    if quantize_residual is None:
+        quantize_residual = functools.partial(svdq.quantize_weights, scale_dtype=dtype)
+    w = w.astype(jnp.float32)
+    smooth = smooth.astype(jnp.float32)
+    us, v, residual = _low_rank_split(w * smooth, rank)
+    qweight, wscales = quantize_residual(residual)
     return SVDQuantWeights(
-        qweight=qweight,
+        qweight=svdq_layout.prepack(qweight),
         wscales=wscales,
         smooth=smooth,
         lora_down=(v / smooth[:, None]).astype(dtype),
         lora_up=us.T.astype(dtype),
-        bias=bias,
+        bias=None if bias is None else bias.astype(dtype),
         act_format=act_format,
+    )
+
+
+def quantize_fp4(
+    w: jax.Array, bias: jax.Array | None = None, *, fmt: str = "nvfp4", dtype: jnp.dtype = jnp.bfloat16
+) -> FakeQuantFP4Weights:
+    """Round-to-nearest nvfp4 / mxfp4 weights (:mod:`jax_w4a4.formats.fp4`), evaluated as XLA ops.
+
+    Args:
+      w: ``(N, K)`` float weights; K a multiple of 16 (nvfp4) or 32 (mxfp4). bias: optional ``(N,)``.
+      fmt: ``"nvfp4"`` (e4m3 scale per 16 × one fp32 tensor scale) or ``"mxfp4"`` (e8m0 per 32).
+      dtype: the layer's dtype, bf16 or fp16; inputs to :func:`linear` must have it.
+    """
+    op = "quantize_fp4"
+    checks.one_of(op, "fmt", fmt, FP4_FORMATS)
+    checks.one_of(op, "dtype", jnp.dtype(dtype), checks.HALF_DTYPES)
+    if w.ndim != 2:
+        checks.fail(op, f"w must be 2-D (N, K) = (out_features, in_features), got shape {tuple(w.shape)}")
+    block = fp4.NVFP4_BLOCK if fmt == "nvfp4" else fp4.MXFP4_BLOCK
+    checks.multiple_of(op, "K (w.shape[1])", w.shape[1], block, f" for fmt={fmt!r}")
+    if bias is not None:
+        checks.shape_is(op, "bias", bias, (w.shape[0],))
+        bias = bias.astype(dtype)
+    w = w.astype(jnp.float32)
+    if fmt == "nvfp4":
+        packed, scales, tensor_scale = fp4.quantize_nvfp4(w)
+    else:
+        (packed, scales), tensor_scale = fp4.quantize_mxfp4(w), None
+    return FakeQuantFP4Weights(
+        packed=packed, scales=scales, tensor_scale=tensor_scale, bias=bias, fmt=fmt,
+        dtype_name=jnp.dtype(dtype).name,
     )
