@@ -14,14 +14,13 @@ L2, which favours the peer.
 
 from __future__ import annotations
 
+import functools
 import math
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from benchmarks import harness
 from jax_w4a4 import ops, reference
 
 HBM_BYTES_PER_S = 4.2e12  # H200 device-to-device copy (benchmarks/peers.md)
@@ -50,19 +49,8 @@ def make_copies(m: int, k: int, r: int, copies: int, seed: int = 0):
 
 
 def time_per_call(fn, copies, act_format: str, runs: int = 7) -> float:
-    """Seconds per call: one jit runs fn once on every copy; median over `runs`."""
-
-    @jax.jit
-    def all_calls(inputs):
-        return [fn(*args, act_format=act_format) for args in inputs]
-
-    jax.block_until_ready(all_calls(copies))  # compile + warm up
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(all_calls(copies))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) / len(copies)
+    """Seconds per call of fn on each copy in turn (benchmarks/harness.py)."""
+    return harness.time_jax(functools.partial(fn, act_format=act_format), copies, calls=len(copies), trials=runs)
 
 
 def bench(m: int, k: int, act_format: str, r: int = RANK) -> dict:

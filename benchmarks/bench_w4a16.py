@@ -18,7 +18,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from benchmarks import harness
 from jax_w4a4 import ops

@@ -23,12 +23,12 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory 
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from jax_w4a4 import ops  # noqa: E402
 from jax_w4a4.formats import svdq, svdq_layout  # noqa: E402
 
@@ -50,25 +50,10 @@ def _weight_copies(weight_bytes: int) -> int:
     return 1 if weight_bytes > 2 * L2_BYTES else int(np.ceil(3 * L2_BYTES / weight_bytes))
 
 
-def _median_per_call(run, calls: int, repeats: int) -> float:
-    """Seconds per call: median over `repeats` of wall(run()) / calls (run blocks until done)."""
-    run()  # compile / warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
-
-
 def _time_jax(fn, activations, weights, repeats: int) -> float:
     """fn(activation_args, weight_args) once per activation copy, weights cycled; seconds per call."""
-
-    @jax.jit
-    def many(acts, ws):
-        return [fn(a, ws[i % len(ws)]) for i, a in enumerate(acts)]
-
-    return _median_per_call(lambda: jax.block_until_ready(many(activations, weights)), len(activations), repeats)
+    sets = [(a, weights[i % len(weights)]) for i, a in enumerate(activations)]
+    return harness.time_jax(fn, sets, calls=len(sets), trials=repeats)
 
 
 def _time_torch(fn, activations, weights, repeats: int) -> float:

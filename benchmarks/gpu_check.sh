@@ -35,7 +35,7 @@ fi
 shift || true
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # torch and CUDA graphs need memory beside XLA's pool.
-  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.5} XLA_FLAGS=${BENCH_XLA_FLAGS:-}
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.5} XLA_FLAGS=${BENCH_XLA_FLAGS---xla_gpu_enable_command_buffer=}
   for bench in ${@:-act_quant w4a4 w4a16}; do
     timeout "${BENCH_TIMEOUT:-200}" python3 "benchmarks/bench_${bench}.py" > "$logs/bench_${bench}.log" 2>&1
     echo "== bench_${bench} (exit $?)"; grep -v "^WARNING\|^I0000\|^W0000" "$logs/bench_${bench}.log" | tail -40

@@ -2,7 +2,7 @@
 
 How we measure (design §5): median of many timed runs after warm-up, inputs rotated over sets larger
 than L2 (60 MB) so the cache does not flatter memory-bound kernels, random data (never zeros).
-JAX-level time is what a user sees: one jitted loop of R calls, divided by R (dispatch amortized).
+JAX-level time is what a user sees: R chained calls in one jit, divided by R (dispatch amortized).
 Peers (jnp.dot bf16, XLA fp8, torch cuBLAS) are timed in the same process, so ratios are comparable.
 """
 
@@ -27,38 +27,32 @@ def rotations(bytes_per_set: int, minimum: int = 2, maximum: int = 8) -> int:
 
 
 def time_jax(fn: Callable, input_sets: Sequence[tuple], *, calls: int = 20, trials: int = 7) -> float:
-    """Median seconds per call of ``fn(*inputs)``, cycling through ``input_sets`` inside one jitted loop.
+    """Median seconds per call of ``fn(*inputs)``: ``calls`` calls unrolled in one jit, cycling ``input_sets``.
 
-    Each input set is its own branch of a ``lax.switch`` (a custom call needs whole buffers: slicing a
-    stacked array would add a copy per call). The loop carries a scalar from each output into the next
-    selection, so XLA can neither hoist nor elide the calls.
+    Each call's first input passes through an ``optimization_barrier`` together with the previous call's
+    output, so the calls run one after another and XLA can neither merge them (its dot merger fuses
+    independent dots that share a weight into one GEMM, which would read the weight once for all calls)
+    nor drop or hoist them. No loop: a loop's per-iteration control flow would add host round trips.
     """
-    n_sets = len(input_sets)
 
     @jax.jit
-    def loop(input_sets):
-        branches = [
-            (lambda inputs: lambda: _probe(fn(*inputs)))(inputs) for inputs in input_sets
-        ]
+    def chain(input_sets):
+        outputs, previous = [], None
+        for i in range(calls):
+            first, *rest = input_sets[i % len(input_sets)]
+            if previous is not None:
+                first, _ = jax.lax.optimization_barrier((first, previous))
+            previous = fn(first, *rest)
+            outputs.append(jax.tree_util.tree_leaves(previous)[0].reshape(-1)[0])
+        return jnp.stack(outputs)
 
-        def body(i, carry):
-            return carry + jax.lax.switch((i + carry) % n_sets, branches)
-
-        return jax.lax.fori_loop(0, calls, body, jnp.int32(0))
-
-    jax.block_until_ready(loop(input_sets))  # compile + warm up
+    jax.block_until_ready(chain(input_sets))  # compile + warm up
     times = []
     for _ in range(trials):
         start = time.perf_counter()
-        jax.block_until_ready(loop(input_sets))
+        jax.block_until_ready(chain(input_sets))
         times.append((time.perf_counter() - start) / calls)
     return float(np.median(times))
-
-
-def _probe(out) -> jax.Array:
-    """0, computed from the output (NaN-check of one element), so the call cannot be dropped."""
-    first = jax.tree_util.tree_leaves(out)[0].reshape(-1)[0]
-    return (first != first).astype(jnp.int32)
 
 
 def time_torch(fn: Callable[[int], object], n_sets: int, *, calls: int = 50, warmup: int = 10) -> float | None:

@@ -1,7 +1,6 @@
 """The JAX reference (the executable spec) against the independent float64 NumPy spec."""
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
