@@ -51,12 +51,18 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/ptx.h"
 #include "kernels/sm90/act_quant.h"
 
 namespace jax_w4a4::sm90 {
 namespace {
 
 namespace cg = cooperative_groups;
+using ptx::CpAsyncCommit;
+using ptx::CpAsyncWait;
+using ptx::LdMatrixX4;
+using ptx::Mma16816;
+
 
 constexpr int kChunkK = 128;            // k per pipeline stage: two int4 groups or one fp8 group
 constexpr int kPieceBytes = 16;         // one cp.async = 8 halves
@@ -151,19 +157,10 @@ struct Params {
 
 // ---- PTX wrappers ---------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16-byte global->shared copies; with valid == false nothing is read and the 16 bytes are zero-filled.
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 // Shared-memory accesses by explicit address (the stage ring is addressed as 32-bit shared offsets).
@@ -189,33 +186,12 @@ __device__ __forceinline__ void StShared64f(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
 
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
 
-template <class T>
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
 
 // max that propagates NaN (like jnp.max), so a NaN in a group is seen by the range check.
 __device__ __forceinline__ float MaxNan(float a, float b) {
@@ -560,7 +536,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, 1)
   using Cfg = TileConfig<kBlockRows, kRankCap>;
   using F = Format<kFormat>;
   extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t smem_base = SmemAddress(smem);
+  const uint32_t smem_base = ptx::SharedAddress(smem);
   const uint32_t table_base = smem_base + Cfg::kRingBytes;
 
   const int tid = threadIdx.x;

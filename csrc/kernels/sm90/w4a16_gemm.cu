@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/ptx.h"
 #include "kernels/sm90/w4a16_gemm.h"
 
 namespace jax_w4a4::sm90::w4a16 {
@@ -115,10 +116,6 @@ struct KernelParams {
 
 // --------------------------------------------------------------------------------------- PTX helpers
 
-__device__ __forceinline__ uint32_t SharedAddress(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-
 __device__ __forceinline__ uint64_t EvictFirstPolicy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
@@ -135,23 +132,12 @@ __device__ __forceinline__ void CopyAsync(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
 }
 
-__device__ __forceinline__ void CommitGroup() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int kPending>
-__device__ __forceinline__ void WaitGroup() {
-  asm volatile("cp.async.wait_group %0;\n" :: "n"(kPending) : "memory");
-}
 
 __device__ __forceinline__ uint4 LoadShared128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
   return v;
-}
-
-__device__ __forceinline__ void LoadMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
 
 // (a & mask) | magic: one lop3.
@@ -172,20 +158,6 @@ __device__ __forceinline__ uint32_t Fma2(uint32_t a, uint32_t b, uint32_t c) {
   return r;
 }
 
-template <typename T>
-__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
 
 template <typename T>
 __device__ __forceinline__ float ToFloat(T v) {
@@ -295,8 +267,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) W4a16GemmKernel(const Kerne
   const bool group32 = p.group_shift == 5;                // two groups per atom
   const int group_mask = (1 << p.group_shift) - 1;
 
-  const uint32_t weight_ring = SharedAddress(smem + Cfg::kWeightRingOffset);
-  const uint32_t x_ring = SharedAddress(smem + Cfg::kXRingOffset);
+  const uint32_t weight_ring = ptx::SharedAddress(smem + Cfg::kWeightRingOffset);
+  const uint32_t x_ring = ptx::SharedAddress(smem + Cfg::kXRingOffset);
   uint32_t* subtrahend_table = reinterpret_cast<uint32_t*>(smem + Cfg::kTableOffset);
   float* scale_table = reinterpret_cast<float*>(smem + Cfg::kTableOffset + 2 * kTableEntries * 4);
 
@@ -348,7 +320,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) W4a16GemmKernel(const Kerne
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < num_atoms) issue_stage(i);
-    CommitGroup();
+    ptx::CpAsyncCommit();
   }
 
   // ---- scale periods: 8 groups of every row of the CTA, fetched one period ahead into registers,
@@ -408,7 +380,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) W4a16GemmKernel(const Kerne
                    : ((lane % 8) + 8 * ((lane / 16) % 2)) * kXRowPitch + ((lane / 8) % 2) * 16;  // 2 tiles
 
   for (int i = 0; i < num_atoms; ++i) {
-    WaitGroup<kStages - 2>();  // this thread's copies of stage i have landed
+    ptx::CpAsyncWait<kStages - 2>();  // this thread's copies of stage i have landed
     const int atom = atom_begin + i;
     const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
     if (static_cast<int>(local_group / kGroupsPerPeriod) != period) {  // the atom opens a new period
@@ -418,7 +390,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) W4a16GemmKernel(const Kerne
     }
     __syncthreads();  // stage i and the tables visible to all; stage i - 1 free for reuse
     if (i + kStages - 1 < num_atoms) issue_stage(i + kStages - 1);
-    CommitGroup();
+    ptx::CpAsyncCommit();
     if (!warp_active) continue;
 
     const unsigned slot = static_cast<unsigned>(i) % kStages;
@@ -447,14 +419,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) W4a16GemmKernel(const Kerne
       }
       uint32_t xb[kMTiles][2];
       if constexpr (kMTiles == 1) {
-        if (j % 2 == 0) LoadMatrixX4(x_addr + j * 32, xk32);
+        if (j % 2 == 0) ptx::LdMatrixX4(xk32, x_addr + j * 32);
         xb[0][0] = xk32[(j % 2) * 2];
         xb[0][1] = xk32[(j % 2) * 2 + 1];
       } else {
 #pragma unroll
         for (int pair = 0; pair < kMTiles / 2; ++pair) {
           uint32_t r[4];
-          LoadMatrixX4(x_addr + pair * 16 * kXRowPitch + j * 32, r);
+          ptx::LdMatrixX4(r, x_addr + pair * 16 * kXRowPitch + j * 32);
           xb[2 * pair][0] = r[0];
           xb[2 * pair][1] = r[1];
           xb[2 * pair + 1][0] = r[2];
@@ -466,7 +438,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) W4a16GemmKernel(const Kerne
         uint32_t a[4];
         Dequantize<T>(Word(words[t], j), sub[t], a);
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) Mma16816<T>(part[t][mt], a, xb[mt][0], xb[mt][1]);
+        for (int mt = 0; mt < kMTiles; ++mt) ptx::Mma16816<T>(part[t][mt], a, xb[mt][0], xb[mt][1]);
       }
       const bool group_ends = j == 3 ? atom_ends_group : (group32 && j == 1);
       if (group_ends) {  // promotion: acc += s · partial, in fp32

@@ -119,6 +119,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/ptx.h"
 #include "kernels/sm90/w4a4_gemm.h"
 #include "kernels/sm90/w4a4_gemm_plan.h"
 
@@ -307,10 +308,6 @@ struct KernelParams {
 
 // ---------------------------------------------------------------------------------------------------
 // PTX wrappers.
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 __device__ __forceinline__ uint32_t ClusterCtaRank() {
   uint32_t rank;
@@ -1058,7 +1055,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = Smem<C>;
   extern __shared__ uint8_t smem_raw[];
   // The swizzled regions need a 1024-byte aligned base (the plan's total + 1 KB of slack is allocated).
-  const uint32_t smem = (SmemAddr(smem_raw) + budget::kSwizzledAlign - 1) & ~uint32_t{budget::kSwizzledAlign - 1};
+  const uint32_t smem = (ptx::SharedAddress(smem_raw) + budget::kSwizzledAlign - 1) & ~uint32_t{budget::kSwizzledAlign - 1};
   const Barriers<C> bar{smem + static_cast<uint32_t>(L::kBarriers)};
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
