@@ -6,6 +6,7 @@
 
 from jax_w4a4.export import export_safety_checks
 from jax_w4a4.linear import linear
+from jax_w4a4.sharding import shard_model, shard_weights
 from jax_w4a4.weights import (
     MODES,
     FakeQuantFP4Weights,
@@ -28,4 +29,6 @@ __all__ = [
     "linear",
     "quantize_fp4",
     "quantize_linear",
+    "shard_model",
+    "shard_weights",
 ]

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax_w4a4 import ops
 from jax_w4a4.ops import checks
 from jax_w4a4.reference import HIGHEST
+from jax_w4a4.sharding import TensorParallelWeights, tensor_parallel_linear
 from jax_w4a4.weights import FakeQuantFP4Weights, QuantizedWeights, SVDQuantWeights, W4A16Weights
 
 
@@ -30,7 +31,11 @@ def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
     branch; W4A16 weights run the weight-only GEMM. On a GPU these are the CUDA kernels, elsewhere the
     reference math. FakeQuantFP4Weights (nvfp4 / mxfp4) have no kernel: they always run as XLA ops
     (dequantize, then an fp32 dot). Works under ``jax.jit``, ``jax.vmap`` and ``jax.export``.
+    Weights placed by :func:`jax_w4a4.sharding.shard_weights` run tensor parallel (``shard_map``).
     """
+    if isinstance(weights, TensorParallelWeights):
+        _check_input(x, weights)
+        return tensor_parallel_linear(x, weights)
     if isinstance(weights, SVDQuantWeights):
         _check_input(x, weights)
         q_x, s_x, la = ops.act_quant(x, weights.smooth, weights.lora_down, act_format=weights.act_format)
