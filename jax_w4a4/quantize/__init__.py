@@ -20,6 +20,7 @@ from jax_w4a4.quantize._svdquant import (
     svdquant,
 )
 from jax_w4a4.quantize.calibration import Calibration
+from jax_w4a4.quantize.checkpoints import from_awq, from_gptq
 from jax_w4a4.quantize.layer import (
     DEFAULT_OPTIONS,
     QUANT_MODES,
@@ -45,6 +46,8 @@ __all__ = [
     "as_config",
     "compare_layer",
     "format_report",
+    "from_awq",
+    "from_gptq",
     "gptq",
     "gptq_quantize",
     "gptq_svdq_residual",
