@@ -60,7 +60,7 @@ def weight_sets(n, k, *, group_size=GROUP, zero_point=False, dtype=jnp.bfloat16,
 def time_ours(m, k, sets, group_size, dtype):
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32).astype(dtype)
     fn = functools.partial(ops.w4a16_gemm, group_size=group_size)
-    return harness.time_jax(lambda packed, s, z, g: fn(x, packed, s, z, g), sets)
+    return harness.time_jax(lambda packed, s, z, g: fn(x, packed, s, z, g), sets, calls=10, trials=5)
 
 
 def time_jnp_dot(m, n, k, cache):
@@ -73,7 +73,7 @@ def time_jnp_dot(m, n, k, cache):
         ]
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32).astype(jnp.bfloat16)
     dot = lambda w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16)
-    return harness.time_jax(dot, cache[(n, k)])
+    return harness.time_jax(dot, cache[(n, k)], calls=10, trials=5)
 
 
 class TorchPeers:

@@ -156,15 +156,18 @@ def _ratios(results):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    parser.add_argument("--only", choices=("prefill", "decode"), help="run one of the two tables")
     args = parser.parse_args()
     repeats = 3 if args.quick else 7
     print(f"w4a4_gemm sm90 on {jax.devices()[0].device_kind}; torch {'absent' if torch is None else torch.__version__}")
     key = jax.random.key(0)
 
+    prefill = [] if args.only == "decode" else PREFILL
+    decode = [] if args.only == "prefill" else DECODE
     print(f"\nprefill (rank {RANK}, int4 activations, bf16 out)")
     print(f"  {'M x N x K':>20} {'µs':>9} {'TFLOPS':>7} {'MFU':>6} {'low-rank TF':>11}   "
           "ratios (peer time / kernel time)")
-    for m, n, k in PREFILL:
+    for m, n, k in prefill:
         results = _measure(m, n, k, calls=8, repeats=repeats, key=jax.random.fold_in(key, m * n + k))
         t = results["w4a4"]
         shape = f"{m} x {n} x {k}"
@@ -178,8 +181,8 @@ def main() -> None:
 
     print(f"\ndecode (rank {RANK}, int4 activations, bf16 out)")
     print(f"  {'M x N x K':>20} {'µs':>9} {'GB/s':>7}   ratios (peer time / kernel time)")
-    for m, n, k in DECODE:
-        results = _measure(m, n, k, calls=32, repeats=repeats, key=jax.random.fold_in(key, m * n + k))
+    for m, n, k in decode:
+        results = _measure(m, n, k, calls=16, repeats=repeats, key=jax.random.fold_in(key, m * n + k))
         t = results["w4a4"]
         shape = f"{m} x {n} x {k}"
         if t is None:

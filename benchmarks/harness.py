@@ -27,7 +27,13 @@ def rotations(bytes_per_set: int, minimum: int = 2, maximum: int = 8) -> int:
 
 
 def time_jax(fn: Callable, input_sets: Sequence[tuple], *, calls: int = 20, trials: int = 7) -> float:
-    """Median seconds per call of ``fn(*inputs)``: ``calls`` calls unrolled in one jit, cycling ``input_sets``.
+    """Median seconds per call of ``fn(*inputs)``, cycling ``input_sets``: the marginal cost of a call.
+
+    Two jitted chains run ``calls`` and ``2 * calls`` calls; the per-call time is the difference of their
+    median wall times over ``calls``. One chain's wall time also holds a fixed cost (dispatch of the jit,
+    the host waiting for the result: ~0.3-0.5 ms), which divided by ``calls`` inflated short kernels by
+    ~16 µs per call (seen by profiling every kernel of a chain with ncu, session 2); the difference
+    cancels it, so the number is what the GPU spends per call, launch gaps included.
 
     Each call's first input passes through an ``optimization_barrier`` together with the previous call's
     output, so the calls run one after another and XLA can neither merge them (its dot merger fuses
@@ -35,24 +41,31 @@ def time_jax(fn: Callable, input_sets: Sequence[tuple], *, calls: int = 20, tria
     nor drop or hoist them. No loop: a loop's per-iteration control flow would add host round trips.
     """
 
-    @jax.jit
-    def chain(input_sets):
-        outputs, previous = [], None
-        for i in range(calls):
-            first, *rest = input_sets[i % len(input_sets)]
-            if previous is not None:
-                first, _ = jax.lax.optimization_barrier((first, previous))
-            previous = fn(first, *rest)
-            outputs.append(jax.tree_util.tree_leaves(previous)[0].reshape(-1)[0])
-        return jnp.stack(outputs)
+    def chain_of(length: int):
+        @jax.jit
+        def chain(input_sets):
+            outputs, previous = [], None
+            for i in range(length):
+                first, *rest = input_sets[i % len(input_sets)]
+                if previous is not None:
+                    first, _ = jax.lax.optimization_barrier((first, previous))
+                previous = fn(first, *rest)
+                outputs.append(jax.tree_util.tree_leaves(previous)[0].reshape(-1)[0])
+            return jnp.stack(outputs)
 
-    jax.block_until_ready(chain(input_sets))  # compile + warm up
-    times = []
-    for _ in range(trials):
-        start = time.perf_counter()
-        jax.block_until_ready(chain(input_sets))
-        times.append((time.perf_counter() - start) / calls)
-    return float(np.median(times))
+        jax.block_until_ready(chain(input_sets))  # compile + warm up
+        return chain
+
+    def median_wall(chain) -> float:
+        times = []
+        for _ in range(trials):
+            start = time.perf_counter()
+            jax.block_until_ready(chain(input_sets))
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+    short, long = chain_of(calls), chain_of(2 * calls)
+    return max(median_wall(long) - median_wall(short), 0.0) / calls
 
 
 def time_torch(fn: Callable[[int], object], n_sets: int, *, calls: int = 50, warmup: int = 10) -> float | None:

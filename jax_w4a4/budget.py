@@ -1,4 +1,4 @@
-"""The CUDA kernels' shared-memory plans, solved at compile time, as Python sees them.
+"""The CUDA kernels' shared-memory plans, solved at compile time, as Python sees them (W4A4 GEMM, act_quant).
 
     python -m jax_w4a4.budget          # prints every plan the kernels instantiate
 
@@ -80,6 +80,10 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4W4A4ObjectName.restype = ctypes.c_char_p
     lib.JaxW4a4W4A4Plan.restype = ctypes.c_int
     lib.JaxW4a4W4A4Plan.argtypes = [ctypes.c_int] * 5 + [ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4ActQuantShapes.restype = ctypes.c_int
+    lib.JaxW4a4ActQuantShapes.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4ActQuantPlan.restype = None
+    lib.JaxW4a4ActQuantPlan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
     return lib
 
 
@@ -100,6 +104,57 @@ def w4a4_plan(tile_n: int, tile_m: int, cluster: int, lora_chunk: int = 64, act_
         name = lib.JaxW4a4W4A4ObjectName(i).decode()
         objects.append(SmemObject(name, b, st, Sharing(sh), Lifetime(lt), fp, iss, tx))
     return W4A4Plan(tile_n, tile_m, cluster, lora_chunk, act_value_bits, *values[:_HEADER_FIELDS], tuple(objects))
+
+
+SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_CTA = 1024
+REGISTERS_PER_SM = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ActQuantPlan:
+    """The sm90 act_quant plan of one instance (csrc/kernels/sm90/act_quant_plan.h): a CTA of
+    ``block_rows`` rows; per 128-wide K chunk (one ring stage) the X tile, the next chunk's lambdas and
+    the L_down tile; ``ctas_per_sm`` CTAs designed to share an SM."""
+
+    block_rows: int
+    rank_cap: int
+    warps: int
+    threads: int
+    ctas_per_sm: int
+    units_per_pass: int
+    passes: int
+    stages: int
+    x_tile_bytes: int
+    lambda_bytes: int
+    lora_row_pitch: int
+    lora_tile_bytes: int
+    stage_bytes: int
+    ring_bytes: int
+    column_table_bytes: int
+    partial_bytes: int
+    total_bytes: int
+    per_sm_bytes: int
+    max_registers: int
+    fits: bool
+
+
+_ACT_QUANT_FIELDS = 18
+
+
+def act_quant_shapes() -> list[tuple[int, int]]:
+    """(block_rows, rank_cap) of every act_quant instance the launcher dispatches to."""
+    out = (ctypes.c_int64 * 64)()
+    n = _load().JaxW4a4ActQuantShapes(out)
+    return [(int(out[2 * i]), int(out[2 * i + 1])) for i in range(n)]
+
+
+def act_quant_plan(block_rows: int, rank_cap: int) -> ActQuantPlan:
+    """The solved shared-memory / occupancy plan of the sm90 act_quant kernel for one instance."""
+    out = (ctypes.c_int64 * _ACT_QUANT_FIELDS)()
+    _load().JaxW4a4ActQuantPlan(block_rows, rank_cap, out)
+    values = [int(v) for v in out]
+    return ActQuantPlan(block_rows, rank_cap, *values[:-1], bool(values[-1]))
 
 
 if __name__ == "__main__":

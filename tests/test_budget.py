@@ -97,3 +97,57 @@ def test_table_lists_every_instantiated_plan():
     text = budget.table()
     assert text.count("w4a4_gemm sm90:") == 4
     assert "DOES NOT FIT" not in text
+
+
+# ---- act_quant: several small CTAs per SM, the ring solved for them ----
+
+def _act_quant_plans():
+    return [budget.act_quant_plan(*shape) for shape in budget.act_quant_shapes()]
+
+
+def test_act_quant_plans_add_up():
+    for p in _act_quant_plans():
+        chunk = 128
+        assert p.x_tile_bytes == p.block_rows * chunk * 2
+        assert p.lambda_bytes == chunk * 4
+        assert p.lora_tile_bytes == (0 if p.rank_cap == 0 else chunk * p.lora_row_pitch)
+        assert p.lora_row_pitch == (p.rank_cap // 8 + 1) * 16 and (p.lora_row_pitch // 16) % 2 == 1
+        assert p.stage_bytes == p.x_tile_bytes + p.lambda_bytes + p.lora_tile_bytes
+        assert p.ring_bytes == p.stages * p.stage_bytes
+        assert p.column_table_bytes == 2 * 2 * chunk * 4
+        assert p.partial_bytes == (0 if p.rank_cap == 0 else p.block_rows * (p.rank_cap + 8) * 4)
+        assert p.total_bytes == max(p.ring_bytes + p.column_table_bytes, p.partial_bytes)
+        assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
+
+
+def test_act_quant_plans_fit_their_occupancy_and_are_tight():
+    for p in _act_quant_plans():
+        assert p.fits
+        assert 2 <= p.stages <= 6
+        assert p.total_bytes <= budget.SMEM_PER_BLOCK
+        assert p.per_sm_bytes <= budget.SMEM_PER_SM, p
+        if p.stages < 6:  # one more stage would break the designed CTAs per SM
+            more = p.ctas_per_sm * (p.total_bytes + p.stage_bytes + budget.SMEM_RESERVED_PER_CTA)
+            assert more > budget.SMEM_PER_SM or p.total_bytes + p.stage_bytes > budget.SMEM_PER_BLOCK, p
+
+
+def test_act_quant_threads_tile_the_rows():
+    for p in _act_quant_plans():
+        assert p.threads == 32 * p.warps
+        assert p.passes * p.units_per_pass * (p.threads // 8) == p.block_rows  # 8 threads per row
+        assert (p.threads // 16) % 8 == 0  # copy rows per step keep the swizzle's row % 8
+        assert p.max_registers == min(255, budget.REGISTERS_PER_SM // (p.threads * p.ctas_per_sm) // 8 * 8)
+
+
+def test_act_quant_bandwidth_instance():
+    """The large-M, rank-32 instance: 4 CTAs of 128 threads per SM, 128 registers, two stages of 16 KB of
+    X each, so 4 x 16 KB of X is in flight per SM while the other stage is quantized."""
+    p = budget.act_quant_plan(64, 32)
+    assert (p.threads, p.ctas_per_sm, p.max_registers) == (128, 4, 128)
+    assert p.stages >= 2 and p.x_tile_bytes == 16 * 1024
+    assert p.ctas_per_sm * p.x_tile_bytes * (p.stages - 1) >= 32 * 1024
+
+
+def test_table_lists_act_quant_plans():
+    text = budget.table()
+    assert text.count("act_quant sm90:") == len(budget.act_quant_shapes()) == 8

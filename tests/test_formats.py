@@ -332,6 +332,23 @@ def test_w4a16_act_order_equals_permuted_problem(zero_point):
     np.testing.assert_array_equal(deq_act[:, perm], deq_permuted)
 
 
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_w4a16_arbitrary_g_idx_with_an_empty_group(zero_point):
+    """Groups of unequal sizes, one of them empty: scales from the numpy group extremes, empty -> 0."""
+    rng = np.random.default_rng(11)
+    n, k, g, groups = 8, 256, 64, 4
+    w = rng.standard_normal((n, k)).astype(F32)
+    g_idx = rng.choice([0, 1, 3], size=k).astype(np.int32)  # group 2 is empty
+    out = jit(w4a16.quantize, group_size=g, zero_point=zero_point, scale_dtype=jnp.float16)
+    scales = np.asarray(out(w, g_idx=g_idx).scales).astype(F32)
+    for j in range(groups):
+        cols = w[:, g_idx == j]
+        lo = np.minimum(cols.min(axis=1), 0) if cols.size else np.zeros(n, F32)
+        hi = np.maximum(cols.max(axis=1), 0) if cols.size else np.zeros(n, F32)
+        expected = (hi - lo) / 15 if zero_point else 2 * np.maximum(hi, -lo) / 15
+        np.testing.assert_array_equal(scales[:, j], expected.astype(np.float16).astype(F32), err_msg=f"group {j}")
+
+
 def test_w4a16_rejects_bad_arguments():
     w = np.ones((4, 256), F32)
     with pytest.raises(ValueError, match="group_size must be one of"):

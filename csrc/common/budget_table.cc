@@ -5,12 +5,14 @@
 #include <cstdio>
 #include <string>
 
+#include "kernels/sm90/act_quant_plan.h"
 #include "kernels/sm90/w4a4_gemm_plan.h"
 
 namespace {
 
 using jax_w4a4::budget::Lifetime;
 using jax_w4a4::budget::Sharing;
+using jax_w4a4::sm90::ActQuantPlan;
 using jax_w4a4::sm90::W4A4Plan;
 
 const char* LifetimeName(Lifetime l) {
@@ -52,6 +54,22 @@ std::string Describe(const W4A4Plan& p) {
   return out;
 }
 
+std::string DescribeActQuant(const ActQuantPlan& p) {
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "act_quant sm90: %d rows x rank <= %d: %d threads, %d CTAs/SM (<= %d registers), quantizer "
+                "%d pass(es) x %d unit(s); stage %lld B (X %lld + lambdas %lld + L_down %lld) x %d stages = %lld, "
+                "column table %lld, LA partial %lld; total %lld B/CTA, %lld of %lld B/SM%s\n",
+                p.shape.block_rows, p.shape.rank_cap, p.threads, p.ctas_per_sm, p.max_registers(), p.passes,
+                p.units_per_pass, static_cast<long long>(p.stage_bytes), static_cast<long long>(p.x_tile_bytes),
+                static_cast<long long>(p.lambda_bytes), static_cast<long long>(p.lora_tile_bytes), p.stages,
+                static_cast<long long>(p.ring_bytes), static_cast<long long>(p.column_table_bytes),
+                static_cast<long long>(p.partial_bytes), static_cast<long long>(p.total_bytes),
+                static_cast<long long>(p.per_sm_bytes()), static_cast<long long>(jax_w4a4::sm90::kSmemPerSmSm90),
+                p.fits() ? "" : "  ** DOES NOT FIT **");
+  return line;
+}
+
 }  // namespace
 
 extern "C" {
@@ -60,6 +78,7 @@ __attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
   static const std::string table = [] {
     std::string t;
     for (const auto& shape : jax_w4a4::sm90::kW4A4Shapes) t += Describe(jax_w4a4::sm90::SolveW4A4Plan(shape)) + "\n";
+    for (const auto& shape : jax_w4a4::sm90::kActQuantShapes) t += DescribeActQuant(jax_w4a4::sm90::SolveActQuantPlan(shape));
     return t;
   }();
   return table.c_str();
@@ -93,6 +112,30 @@ __attribute__((visibility("default"))) int JaxW4a4W4A4Plan(int tile_n, int tile_
 __attribute__((visibility("default"))) const char* JaxW4a4W4A4ObjectName(int index) {
   static const W4A4Plan p = jax_w4a4::sm90::SolveW4A4Plan(jax_w4a4::sm90::kW4A4Shapes[0]);
   return index >= 0 && index < W4A4Plan::kObjects ? p.objects[index].name : "";
+}
+
+// The act_quant plans, flattened for ctypes. JaxW4a4ActQuantShapes writes (block_rows, rank_cap) of every
+// instantiated shape into out (2 per shape) and returns the count. JaxW4a4ActQuantPlan writes the solved
+// plan of one shape: warps, threads, ctas_per_sm, units_per_pass, passes, stages, x_tile, lambdas,
+// lora_row_pitch, lora_tile, stage, ring, column_table, partial, total, per_sm, max_registers, fits
+// (18 values).
+__attribute__((visibility("default"))) int JaxW4a4ActQuantShapes(int64_t* out) {
+  int n = 0;
+  for (const auto& shape : jax_w4a4::sm90::kActQuantShapes) {
+    out[2 * n] = shape.block_rows;
+    out[2 * n + 1] = shape.rank_cap;
+    ++n;
+  }
+  return n;
+}
+
+__attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, int rank_cap, int64_t* out) {
+  const ActQuantPlan p = jax_w4a4::sm90::SolveActQuantPlan({block_rows, rank_cap});
+  const int64_t values[] = {p.warps,         p.threads,           p.ctas_per_sm,    p.units_per_pass, p.passes,
+                            p.stages,        p.x_tile_bytes,      p.lambda_bytes,   p.lora_row_pitch, p.lora_tile_bytes,
+                            p.stage_bytes,   p.ring_bytes,        p.column_table_bytes, p.partial_bytes, p.total_bytes,
+                            p.per_sm_bytes(), p.max_registers(),  p.fits() ? 1 : 0};
+  for (int64_t v : values) *out++ = v;
 }
 
 }  // extern "C"

@@ -84,4 +84,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxW4a4ActQuant, jax_w4a4::ActQuant,
                                   .Ret<xla::ffi::AnyBuffer>()  // q
                                   .Ret<xla::ffi::AnyBuffer>()  // scales
                                   .Ret<xla::ffi::AnyBuffer>()  // la
-                                  .Attr<std::string_view>("act_format"));
+                                  .Attr<std::string_view>("act_format"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});  // no host sync, no allocation

@@ -121,3 +121,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxW4a4W4a16Gemm, jax_w4a4::W4a16GemmImpl,
                                   .Arg<jax_w4a4::ffi::AnyBuffer>()  // bias or (0,)
                                   .Ret<jax_w4a4::ffi::AnyBuffer>()  // y
                                   .Attr<int64_t>("group_size"));
+// Not declared command-buffer compatible: the split-K and act-order workspace comes from the FFI
+// scratch allocator, whose addresses a captured CUDA graph would keep after the call returns them.

@@ -101,4 +101,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxW4a4W4a4Gemm, jax_w4a4::W4a4Gemm,
                                   .Arg<xla::ffi::AnyBuffer>()  // alpha
                                   .Arg<xla::ffi::AnyBuffer>()  // bias
                                   .Ret<xla::ffi::AnyBuffer>()  // y
-                                  .Attr<std::string_view>("act_format"));
+                                  .Attr<std::string_view>("act_format"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});  // no host sync, no allocation

@@ -62,6 +62,31 @@ def _group_of_column(k: int, group_size: int, g_idx: ArrayLike | None) -> tuple[
     return g_idx.astype(jnp.int32), groups
 
 
+def _group_reduce(w: jax.Array, g: jax.Array, groups: int, *, contiguous: bool, smallest: bool) -> jax.Array:
+    """Per-(row, group) min or max of ``w (N, K)`` -> ``(N, groups)``; an empty group gives 0.
+
+    No scatter (segment_min/max lower to scatters, which XLA GPU fails to launch at 28672 x 8192):
+    contiguous groups are a reshape; act-order groups are made contiguous by a stable sort of the
+    columns, reduced with a segmented scan, and read at each group's last column.
+    """
+    reduce = jnp.minimum if smallest else jnp.maximum
+    n, k = w.shape
+    if contiguous:
+        return (jnp.min if smallest else jnp.max)(w.reshape(n, groups, k // groups), axis=-1)
+    order = jnp.argsort(g, stable=True)
+    g_sorted, w_sorted = g[order], w[:, order]
+    starts = jnp.concatenate([jnp.ones((1,), bool), g_sorted[1:] != g_sorted[:-1]])
+
+    def combine(a, b):
+        (start_a, value_a), (start_b, value_b) = a, b
+        return start_a | start_b, jnp.where(start_b, value_b, reduce(value_a, value_b))
+
+    _, running = jax.lax.associative_scan(combine, (jnp.broadcast_to(starts, w.shape), w_sorted), axis=1)
+    last = jnp.searchsorted(g_sorted, jnp.arange(groups, dtype=g_sorted.dtype), side="right") - 1
+    present = (last >= 0) & (g_sorted[jnp.maximum(last, 0)] == jnp.arange(groups))
+    return jnp.where(present, running[:, jnp.maximum(last, 0)], 0.0)
+
+
 def quantize(
     w: ArrayLike,
     *,
@@ -80,10 +105,9 @@ def quantize(
     if w.ndim != 2 or w.shape[1] % 2:
         raise ValueError(f"w must be 2-D (N, K) with K even, got shape {tuple(w.shape)}")
     g, groups = _group_of_column(w.shape[1], group_size, g_idx)
-    sorted_ids = g_idx is None
-    # Group extremes widened to include 0 (segment reductions over K; an empty group reduces to 0).
-    wmin = jnp.minimum(jax.ops.segment_min(w.T, g, groups, indices_are_sorted=sorted_ids).T, 0.0)
-    wmax = jnp.maximum(jax.ops.segment_max(w.T, g, groups, indices_are_sorted=sorted_ids).T, 0.0)
+    # Group extremes widened to include 0 (an empty group reduces to 0).
+    wmin = jnp.minimum(_group_reduce(w, g, groups, contiguous=g_idx is None, smallest=True), 0.0)
+    wmax = jnp.maximum(_group_reduce(w, g, groups, contiguous=g_idx is None, smallest=False), 0.0)
     if zero_point:
         scales = div_rn(wmax - wmin, 15).astype(scale_dtype)
         zeros = jnp.clip(jnp.round(divide_by_scale(-wmin, scales)), 0, 15).astype(jnp.uint8)

@@ -3,30 +3,49 @@
 // LA = X · L_down (fp32), in one pass over X.
 // Byte contract: docs/layouts.md, section act_quant.
 //
-// Work split. A CTA owns kBlockRows rows and a contiguous range of 128-wide K chunks. When the row blocks
-// alone cannot fill the GPU, the K range is split over S CTAs (grid 1 x S in y). With a low-rank branch
-// those S CTAs form a thread-block cluster (1 x S x 1) and their LA partials are summed through
-// distributed shared memory at the end; that code exists only in the kClusterSplit instances, which are
-// the only ones launched with a cluster attribute (S = 1, or r = 0, has no cluster code at all).
+// Work split. A CTA owns kBlockRows rows (64 for large M, 16 for small M) and a contiguous range of
+// 128-wide K chunks. When the row blocks alone cannot fill the CTAs the GPU holds at once, the K range is
+// split over S CTAs (grid 1 x S in y). With a low-rank branch those S CTAs form a thread-block cluster
+// (1 x S x 1) and their LA partials are summed through distributed shared memory at the end; that code
+// exists only in the kClusterSplit instances, the only ones launched with a cluster attribute. The
+// launcher sizes S from the occupancy API (cudaOccupancyMaxActiveClusters, cached per device): whole
+// clusters are placed inside one GPC, and a grid one cluster too large runs a second, nearly empty wave.
+//
+// Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
+// ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
+// The SASS issues ~19-20 instructions per value (int4: two exact divisions 6, unpack + absmax 2, rounding
+// 2, packing ~0.75, the LA mma ~1, the rest copies, tables, shuffles and scales), i.e. ~3.3 of the SM's
+// 4 warp-instructions per cycle at full bandwidth: 80% of 4.2 TB/s needs ~66% of the issue slots busy
+// AND the DRAM latency hidden. Large M, rank <= 32: CTAs of 64 rows x 128 threads
+// (4 warps), 4 per SM (__launch_bounds__ min blocks 4: 128 registers; 56 KB of shared memory each, 2
+// ring stages of 27 KB: X 16 KB + lambdas + L_down 10 KB), so 16 warps per SM from 4 independent CTAs:
+// one CTA's barrier or shuffle wait is hidden by the other three. Little's law: ~4.2 TB/s x ~1 us of
+// loaded DRAM latency / 132 SMs = ~32 KB of reads in flight per SM; each CTA keeps its next 16 KB X tile
+// in flight while it quantizes the current one, so 4 CTAs keep ~64 KB per SM in flight (2x margin). The
+// L_down tile is shared by the CTA's 64 rows (re-reads from L2: 0.5 B per X byte at rank 32). M = 4096
+// runs 64 row blocks x S = 8 (or 4, if 8-CTA clusters do not fit in one wave): one wave of <= 528 CTAs.
+// Small M (16-row blocks, S up to 8) keeps M = 1..64 on 8+ SMs; ranks above 32 run fewer, larger CTAs.
 //
 // Pipeline (one per CTA, every thread takes every role; kStages-deep ring of cp.async groups, one
-// __syncthreads per chunk):
+// __syncthreads per chunk, which with 4 CTAs per SM costs one CTA's issue slots, not the SM's):
 //  * load:     16-byte cp.async copies of the chunk's X tile and L_down tile, and of the NEXT chunk's
 //              128 smoothing factors, into the next free stage (zero-filled past M and K).
 //  * table:    128 threads turn those factors into the next chunk's column table (lambda and its
 //              division reciprocal), so the quantizer never recomputes reciprocals.
-//  * quantize: each thread takes units of 16 consecutive k of one row from the staged X tile:
+//  * quantize: each thread takes units of 16 consecutive k of one row from the staged X tile, its 16
+//              column lambdas loaded once per chunk, then kPasses passes of kUnits rows:
 //              X̂ = fp32(X) / lambda, group absmax by warp shuffles, scale (computed once per group and
 //              shared), q; writes q and the scale.
 //  * low-rank: each warp runs mma.sync m16n8k16 (bf16/fp16 -> fp32) with A = the same staged X tile
-//              (ldmatrix) and B = the L_down tile (ldmatrix.trans); accumulators stay in registers.
+//              (ldmatrix, once per k16 step for all its column pairs) and B = the L_down tile
+//              (ldmatrix.trans); accumulators stay in registers.
 //  * epilogue: LA partials summed in cluster-rank order (deterministic, no scratch), written as fp32.
 //
-// Shared memory (TileConfig, static_assert'ed against the 227 KB a block may use): per stage the X tile
-// (kBlockRows x 256 B, 16-byte pieces swizzled so that ldmatrix's 8 rows and the quantizer's 8 lanes of
-// a row each hit 8 different bank groups), 512 B of lambdas, the L_down tile (128 x (2 kRankCap + 16) B:
-// an odd number of 16-byte units per row keeps ldmatrix.trans conflict-free); after the ring, the
-// double-buffered column table (2 KB). The LA partials of the epilogue reuse all of it.
+// Shared memory (ActQuantPlan, static_assert'ed: the ring fits kCtasPerSm CTAs per SM): per stage the X
+// tile (kBlockRows x 256 B, 16-byte pieces swizzled so that ldmatrix's 8 rows and the quantizer's 8
+// lanes of a row each hit 8 different bank groups), 512 B of lambdas, the L_down tile (128 x (2 kRankCap
+// + 16) B: an odd number of 16-byte units per row keeps ldmatrix.trans conflict-free); after the ring,
+// the double-buffered column table (2 KB). The LA partials of the epilogue reuse all of it.
 //
 // Exact division. The contract is IEEE division (x / lambda, absmax / qmax, X̂ / scale), bit for bit with
 // __fdiv_rn. __fdiv_rn costs ~9 instructions per element (MUFU.RCP, FCHK, 5 FFMA, a branch), which
@@ -53,6 +72,7 @@
 
 #include "common/ptx.h"
 #include "kernels/sm90/act_quant.h"
+#include "kernels/sm90/act_quant_plan.h"
 
 namespace jax_w4a4::sm90 {
 namespace {
@@ -70,11 +90,8 @@ constexpr int kPiecesPerRow = kChunkK * 2 / kPieceBytes;  // 16 per X tile row
 constexpr int kXRowBytes = kChunkK * 2;  // 256, unpadded (swizzled)
 constexpr int kUnitK = 16;              // quantizer unit: 16 consecutive k of one row (two pieces)
 constexpr int kUnitsPerRow = kChunkK / kUnitK;  // 8
-constexpr int kMaxSmemPerBlock = 227 * 1024;
-constexpr int kMaxStages = 6;
 constexpr int kMaxRank = 256;
 constexpr int kMaxClusterSplit = 8;      // portable cluster size
-constexpr int kMaxRankFor128Rows = 64;   // larger ranks use 64-row blocks (register budget)
 constexpr int64_t kMaxK = kActQuantMaxK;  // keeps offsets inside a row block in 32 bits
 
 // Byte offset of piece p (16 bytes, k = 8p .. 8p + 7) of row r in an X tile. Even pieces go to slots
@@ -85,59 +102,58 @@ __host__ __device__ constexpr uint32_t XPieceOffset(int r, int p) {
   return static_cast<uint32_t>(r * kXRowBytes + ((((p >> 1) | ((p & 1) << 3)) ^ (r & 7)) * kPieceBytes));
 }
 
-// Tile shape, warp roles and the shared-memory budget of one kernel instance.
+// Tile shape, warp roles and the shared-memory budget of one kernel instance, from its plan
+// (act_quant_plan.h: the same constexpr plan python -m jax_w4a4.budget prints).
 template <int kBlockRows_, int kRankCap_>
 struct TileConfig {
+  static constexpr ActQuantPlan kPlan = SolveActQuantPlan({kBlockRows_, kRankCap_});
   static constexpr int kBlockRows = kBlockRows_;
   static constexpr int kRankCap = kRankCap_;  // largest rank this instance serves (0: no low-rank branch)
-  // 16 warps for big row blocks (at most 128 registers each); fewer for 16-row blocks (one quantizer
-  // unit per thread) and for ranks above 64, whose accumulators need more registers.
-  static constexpr int kWarps = kBlockRows == 16 ? 4 : kRankCap <= 64 ? 16 : 8;
-  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarps = kPlan.warps;
+  static constexpr int kThreads = kPlan.threads;
+  static constexpr int kCtasPerSm = kPlan.ctas_per_sm;
   // Copies: 16-byte pieces, 16 consecutive threads per X row (fully coalesced).
   static constexpr int kCopyRowStep = kThreads / kPiecesPerRow;
   static constexpr int kCopiesPerThread = kBlockRows / kCopyRowStep;
-  // Quantizer: 8 consecutive threads per row, thread t takes unit t % 8 of rows t / 8 + i * kQuantRowStep.
+  // Quantizer: 8 consecutive threads per row, thread t takes unit t % 8 of rows t / 8 + i * kQuantRowStep,
+  // kUnits of them per pass, kPasses passes per chunk.
   static constexpr int kQuantRowStep = kThreads / kUnitsPerRow;
-  static constexpr int kUnits = kBlockRows / kQuantRowStep;
+  static constexpr int kUnits = kPlan.units_per_pass;
+  static constexpr int kPasses = kPlan.passes;
   // Low-rank: warps form kRowTiles (16 rows each) x kColGroups; n16 column pairs are dealt round-robin
   // over the column groups.
   static constexpr int kRowTiles = kBlockRows / 16;
   static constexpr int kColGroups = kWarps / kRowTiles;
   static constexpr int kPairsPerWarp = (kRankCap / 16 + kColGroups - 1) / kColGroups;
   static constexpr int kAccumulatorsPerThread = kPairsPerWarp * 2 * 4;
-  static constexpr int kLoraRowPitch = (kRankCap / 8 + 1) * kPieceBytes;
+  static constexpr int kLoraRowPitch = static_cast<int>(kPlan.lora_row_pitch);
   static constexpr int kLoraLoadsPerThread = kChunkK * kRankCap / 8 / kThreads;
-  // Shared memory. A stage: the X tile, the NEXT chunk's 128 lambdas, the L_down tile.
-  static constexpr int kXTileBytes = kBlockRows * kXRowBytes;
-  static constexpr int kLambdaBytes = kChunkK * 4;
-  static constexpr int kLoraTileBytes = kRankCap == 0 ? 0 : kChunkK * kLoraRowPitch;
-  static constexpr int kStageBytes = kXTileBytes + kLambdaBytes + kLoraTileBytes;
-  // After the ring: the column table, double buffered: a chunk's lambdas and their division
-  // reciprocals (NaN where lambda is outside the fast path's domain), built one chunk ahead.
-  static constexpr int kColumnTableBytes = 2 * 2 * kChunkK * 4;
-  static constexpr int kStagesThatFit = (kMaxSmemPerBlock - kColumnTableBytes) / kStageBytes;
-  static constexpr int kStages = kStagesThatFit < kMaxStages ? kStagesThatFit : kMaxStages;
-  static constexpr int kRingBytes = kStages * kStageBytes;
-  // Epilogue: fp32 LA partial, rows padded by 8 floats (rows 8 or 24 banks apart: fragment stores
-  // conflict-free), reusing the ring and the table.
+  // Shared memory. A stage: the X tile, the NEXT chunk's 128 lambdas, the L_down tile; after the ring the
+  // column table, double buffered: a chunk's lambdas and their division reciprocals (NaN where lambda is
+  // outside the fast path's domain), built one chunk ahead. The cluster epilogue's fp32 LA partial (rows
+  // padded by 8 floats: fragment stores conflict-free) reuses all of it.
+  static constexpr int kXTileBytes = static_cast<int>(kPlan.x_tile_bytes);
+  static constexpr int kLambdaBytes = static_cast<int>(kPlan.lambda_bytes);
+  static constexpr int kStageBytes = static_cast<int>(kPlan.stage_bytes);
+  static constexpr int kStages = kPlan.stages;
+  static constexpr int kRingBytes = static_cast<int>(kPlan.ring_bytes);
   static constexpr int kPartialPitch = kRankCap + 8;
-  static constexpr int kPartialBytes = kBlockRows * kPartialPitch * 4;
-  static constexpr int kPipelineBytes = kRingBytes + kColumnTableBytes;
-  static constexpr int kSmemBytes = kPipelineBytes > kPartialBytes ? kPipelineBytes : kPartialBytes;
+  static constexpr int kSmemBytes = static_cast<int>(kPlan.total_bytes);
 
+  static_assert(kPlan.fits(), "the ring needs two stages with kCtasPerSm CTAs resident per SM");
+  static_assert(kChunkK == kActQuantChunkK && kXTileBytes == kBlockRows * kXRowBytes, "plan and kernel agree");
+  static_assert(kPlan.column_table_bytes == 2 * 2 * kChunkK * 4, "column table: two chunks of (lambda, 1/lambda)");
+  static_assert(kPlan.partial_bytes == (kRankCap == 0 ? 0 : kBlockRows * kPartialPitch * 4), "LA partial");
   static_assert(kBlockRows % 16 == 0 && kWarps % kRowTiles == 0, "warps must tile the row block");
   static_assert(kCopyRowStep % 8 == 0 && kQuantRowStep % 8 == 0,
                 "a thread's rows share r % 8, so its swizzled offsets differ by constants");
-  static_assert(kCopiesPerThread * kCopyRowStep == kBlockRows && kUnits * kQuantRowStep == kBlockRows,
+  static_assert(kCopiesPerThread * kCopyRowStep == kBlockRows && kPasses * kUnits * kQuantRowStep == kBlockRows,
                 "pieces and units divide evenly");
-  static_assert(kUnits >= 1 && kUnits <= 2, "one quantizer pass of at most two units per chunk");
+  static_assert(kUnits >= 1 && kUnits <= 2, "at most two units (32 X̂ registers) per pass");
   static_assert(kRankCap % 16 == 0 && kRankCap <= kMaxRank, "rank is a multiple of 16, at most 256");
   static_assert(kLoraLoadsPerThread * kThreads == kChunkK * kRankCap / 8, "L_down pieces divide evenly");
   static_assert(kAccumulatorsPerThread <= 64, "LA accumulators must stay in registers");
   static_assert(kBlockRows % kMaxClusterSplit == 0, "every cluster rank reduces whole rows");
-  static_assert(kStages >= 2, "the ring needs two stages to overlap loads with compute");
-  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget exceeded");
   static_assert(kStageBytes % 128 == 0, "stages keep the swizzle's 128-byte alignment");
 };
 
@@ -460,10 +476,10 @@ __device__ __forceinline__ void StoreUnitsFast(const float (&xh)[kUnits][kUnitK]
   }
 }
 
-// Quantizes this thread's kUnits units of a staged chunk (rows first_row + i * kRowStep of the block,
-// unit column u = thread % 8).
+// Quantizes kUnits units of a staged chunk (rows first_row + i * kRowStep of the block, unit column
+// u = thread % 8) with the column lambdas already in registers.
 template <class T, ActFormat kFormat, int kUnits, int kRowStep>
-__device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, const ThreadRows& rows,
+__device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambdas& lambdas, const ThreadRows& rows,
                                               int unit_column, uint32_t q_chunk, uint32_t scale_chunk,
                                               uint32_t scale_step, bool col_valid) {
   using F = Format<kFormat>;
@@ -481,7 +497,6 @@ __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, c
     }
   };
   auto unit_inside = [&](int i) { return col_valid && i * kRowStep < rows.rows_left; };
-  const ColumnLambdas lambdas = LoadColumnLambdas(table, unit_column);
   float xh[kUnits][kUnitK], amax[kUnits];
   bool fast_ok = true;
   {
@@ -525,12 +540,33 @@ __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, c
   }
 }
 
+// Quantizes this thread's kPasses x kUnits units of a staged chunk: the column lambdas are loaded once,
+// then each pass takes the next kUnits rows of the thread (rows first_row + i * kRowStep).
+template <class T, ActFormat kFormat, int kUnits, int kPasses, int kRowStep>
+__device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, const ThreadRows& rows,
+                                              int unit_column, uint32_t q_chunk, uint32_t scale_chunk,
+                                              uint32_t scale_step, bool col_valid) {
+  const ColumnLambdas lambdas = LoadColumnLambdas(table, unit_column);
+  // Not unrolled: one pass of X̂ live at a time keeps the instance within its register cap (other
+  // warps, not unrolling, hide each pass's shuffle latency).
+#pragma unroll 1
+  for (int pass = 0; pass < kPasses; ++pass) {
+    constexpr int kPassRows = kUnits * kRowStep;
+    ThreadRows pass_rows = rows;
+    pass_rows.q = rows.q + pass * kUnits * rows.q_step;
+    pass_rows.scale = rows.scale + pass * kUnits * scale_step;
+    pass_rows.rows_left = rows.rows_left - pass * kPassRows;
+    QuantizeUnits<T, kFormat, kUnits, kRowStep>(x_unit + pass * kPassRows * kXRowBytes, lambdas, pass_rows,
+                                                unit_column, q_chunk, scale_chunk, scale_step, col_valid);
+  }
+}
+
 // ---- kernel ---------------------------------------------------------------------------------------
 
 // kClusterSplit: the launch is a cluster of p.k_splits CTAs along y that sum their LA partials (rank > 0
 // and k_splits > 1 only); otherwise each CTA writes its own q, scales and (k_splits == 1) LA.
 template <class T, ActFormat kFormat, int kBlockRows, int kRankCap, bool kClusterSplit>
-__global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, 1)
+__global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, TileConfig<kBlockRows, kRankCap>::kCtasPerSm)
     ActQuantKernel(const __grid_constant__ Params p) {
   static_assert(!kClusterSplit || kRankCap > 0, "only the LA reduction needs a cluster");
   using Cfg = TileConfig<kBlockRows, kRankCap>;
@@ -629,18 +665,20 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, 1)
                           ((lane & 7) + ((lane >> 3) & 1) * 8) * Cfg::kLoraRowPitch + (lane >> 4) * kPieceBytes;
   float acc[Cfg::kPairsPerWarp > 0 ? Cfg::kPairsPerWarp : 1][2][4] = {};
 
+  // A fragment loaded once per k16 step for all of the warp's column pairs; each accumulator still sums
+  // the steps in k order.
   auto low_rank_chunk = [&](int slot) {
     if constexpr (kRankCap > 0) {
 #pragma unroll
-      for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
-        const int pair = col_group + pp * Cfg::kColGroups;
-        if (pair >= num_pairs) break;  // warp-uniform
-        const uint32_t b_base = stage(slot) + b_lane + pair * 2 * kPieceBytes;
+      for (int ks = 0; ks < kChunkK / 16; ++ks) {
+        uint32_t a[4];
+        LdMatrixX4(a, stage(slot) + (a_lane ^ (ks << 4)));
 #pragma unroll
-        for (int ks = 0; ks < kChunkK / 16; ++ks) {
-          uint32_t a[4], b[4];
-          LdMatrixX4(a, stage(slot) + (a_lane ^ (ks << 4)));
-          LdMatrixX4Trans(b, b_base + ks * 16 * Cfg::kLoraRowPitch);
+        for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
+          const int pair = col_group + pp * Cfg::kColGroups;
+          if (pair >= num_pairs) break;  // warp-uniform
+          uint32_t b[4];
+          LdMatrixX4Trans(b, stage(slot) + b_lane + pair * 2 * kPieceBytes + ks * 16 * Cfg::kLoraRowPitch);
           Mma16816<T>(acc[pp][0], a, b[0], b[1]);
           Mma16816<T>(acc[pp][1], a, b[2], b[3]);
         }
@@ -673,7 +711,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, 1)
     CpAsyncCommit();
     low_rank_chunk(slot);
     const int chunk = chunk_begin + i;
-    QuantizeChunk<T, kFormat, Cfg::kUnits, Cfg::kQuantRowStep>(
+    QuantizeChunk<T, kFormat, Cfg::kUnits, Cfg::kPasses, Cfg::kQuantRowStep>(
         stage(slot) + x_unit, table(i), rows, unit_column, chunk * (kChunkK * F::kUnitQBytes / kUnitK),
         chunk * 4 /* one fp32 or two 16-bit scales per row */, scale_step, chunk * kChunkK + unit_column * kUnitK < p.k);
   }
@@ -744,95 +782,140 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, 1)
 
 // ---- launch ---------------------------------------------------------------------------------------
 
+constexpr int kMaxDevices = 64;
+
+// One kernel instance: its attributes (set once per device: a function attribute is a property of the
+// device's context), how many of its CTAs the GPU holds at once for a given K split (cached per device
+// and split), and the launch itself.
 template <class T, ActFormat kFormat, int kBlockRows, int kRankCap, bool kClusterSplit>
-cudaError_t LaunchInstance(const Params& params, int device, int row_blocks, cudaStream_t stream) {
+struct Instance {
   using Cfg = TileConfig<kBlockRows, kRankCap>;
-  auto kernel = ActQuantKernel<T, kFormat, kBlockRows, kRankCap, kClusterSplit>;
-  // Opt in to more than 48 KB of dynamic shared memory, once per device (a function attribute is a
-  // property of the device's context).
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> configured[kMaxDevices] = {};
-  if (device >= kMaxDevices || !configured[device].load(std::memory_order_acquire)) {
-    const cudaError_t status =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  static constexpr auto kKernel = ActQuantKernel<T, kFormat, kBlockRows, kRankCap, kClusterSplit>;
+
+  static cudaError_t Configure(int device) {
+    static std::atomic<bool> configured[kMaxDevices] = {};
+    if (device < kMaxDevices && configured[device].load(std::memory_order_acquire)) return cudaSuccess;
+    // More than 48 KB of dynamic shared memory, and the largest carveout so that kCtasPerSm CTAs fit.
+    cudaError_t status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (status == cudaSuccess) {
+      status = cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
+    if (status == cudaSuccess && device < kMaxDevices) configured[device].store(true, std::memory_order_release);
+    return status;
+  }
+
+  static cudaLaunchConfig_t Config(int row_blocks, int k_splits, cudaStream_t stream, cudaLaunchAttribute* cluster) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(k_splits), 1);
+    config.blockDim = dim3(Cfg::kThreads, 1, 1);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    // The cluster spans the grid's y extent exactly (k_splits <= 8, portable), so it divides the grid.
+    cluster->id = cudaLaunchAttributeClusterDimension;
+    cluster->val.clusterDim.x = 1;
+    cluster->val.clusterDim.y = static_cast<unsigned>(k_splits);
+    cluster->val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = kClusterSplit ? 1 : 0;
+    return config;
+  }
+
+  // CTAs resident at once on the whole GPU with this K split: clusters are placed whole inside a GPC,
+  // so for a cluster launch this can be less than SMs x kCtasPerSm (a second, nearly empty wave would
+  // double the kernel's time). Host-side occupancy queries only: no stream work, graph-capture safe.
+  static cudaError_t ResidentCtas(int device, int sms, int k_splits, int64_t& ctas) {
+    static std::atomic<int64_t> cache[kMaxDevices][4] = {};  // by log2(k_splits); 0 = not queried yet
+    int log2_splits = 0;
+    while ((1 << log2_splits) < k_splits) ++log2_splits;
+    if (device < kMaxDevices) {
+      const int64_t cached = cache[device][log2_splits].load(std::memory_order_acquire);
+      if (cached > 0) {
+        ctas = cached;
+        return cudaSuccess;
+      }
+    }
+    cudaError_t status = Configure(device);
     if (status != cudaSuccess) return status;
-    if (device < kMaxDevices) configured[device].store(true, std::memory_order_release);
+    if constexpr (kClusterSplit) {
+      cudaLaunchAttribute cluster;
+      const cudaLaunchConfig_t config = Config(1, k_splits, nullptr, &cluster);
+      int clusters = 0;
+      status = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config);
+      ctas = int64_t{clusters} * k_splits;
+    } else {
+      int per_sm = 0;
+      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, Cfg::kThreads, Cfg::kSmemBytes);
+      ctas = int64_t{per_sm} * sms;
+    }
+    if (status != cudaSuccess) return status;
+    if (ctas <= 0) return cudaErrorInvalidConfiguration;  // the instance cannot run on this device
+    if (device < kMaxDevices) cache[device][log2_splits].store(ctas, std::memory_order_release);
+    return cudaSuccess;
   }
 
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(params.k_splits), 1);
-  config.blockDim = dim3(Cfg::kThreads, 1, 1);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  // The cluster spans the grid's y extent exactly (k_splits <= 8, portable), so it divides the grid.
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = 1;
-  attribute[0].val.clusterDim.y = static_cast<unsigned>(params.k_splits);
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = kClusterSplit ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, params);
-}
+  static cudaError_t Launch(const Params& params, int device, int row_blocks, cudaStream_t stream) {
+    const cudaError_t status = Configure(device);
+    if (status != cudaSuccess) return status;
+    cudaLaunchAttribute cluster;
+    const cudaLaunchConfig_t config = Config(row_blocks, params.k_splits, stream, &cluster);
+    return cudaLaunchKernelEx(&config, kKernel, params);
+  }
+};
 
-// The cluster instance exactly when LA partials must be summed across CTAs.
+// Picks the K split for one row-block size and rank bucket, then launches. The split: the smallest power
+// of two (at most 8, each CTA keeping at least two chunks) whose grid fills the CTAs the GPU holds at
+// once; then, with a cluster, halved while the grid would not fit in one wave of whole clusters.
+// A cluster instance exactly when LA partials must be summed across CTAs (rank > 0 and a split).
 template <class T, ActFormat kFormat, int kBlockRows, int kRankCap>
-cudaError_t Launch(const Params& params, int device, int row_blocks, cudaStream_t stream) {
-  if constexpr (kRankCap > 0) {
-    if (params.k_splits > 1) {
-      return LaunchInstance<T, kFormat, kBlockRows, kRankCap, true>(params, device, row_blocks, stream);
-    }
+cudaError_t LaunchRowBlocks(Params params, int device, int sms, cudaStream_t stream) {
+  using Plain = Instance<T, kFormat, kBlockRows, kRankCap, false>;
+  const int64_t row_blocks = (params.rows + kBlockRows - 1) / kBlockRows;
+  if (row_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  int64_t resident = 0;
+  cudaError_t status = Plain::ResidentCtas(device, sms, 1, resident);
+  if (status != cudaSuccess) return status;
+  int splits = 1;
+  while (splits < kMaxClusterSplit && row_blocks * splits < resident * 9 / 10 && 2 * splits <= params.num_chunks) {
+    splits *= 2;
   }
-  return LaunchInstance<T, kFormat, kBlockRows, kRankCap, false>(params, device, row_blocks, stream);
+  if constexpr (kRankCap > 0) {
+    using Clustered = Instance<T, kFormat, kBlockRows, kRankCap, true>;
+    while (splits > 1) {
+      status = Clustered::ResidentCtas(device, sms, splits, resident);
+      if (status != cudaSuccess) return status;
+      if (row_blocks * splits <= resident) break;
+      splits /= 2;
+    }
+    params.k_splits = splits;
+    if (splits > 1) return Clustered::Launch(params, device, static_cast<int>(row_blocks), stream);
+  }
+  params.k_splits = splits;
+  return Plain::Launch(params, device, static_cast<int>(row_blocks), stream);
 }
 
+// Rank buckets: the smallest instance that holds the rank.
 template <class T, ActFormat kFormat, int kBlockRows>
-cudaError_t DispatchRank(const Params& params, int device, int row_blocks, cudaStream_t stream) {
-  // Rank buckets: the smallest instance that holds the rank. 128-row blocks keep their LA
-  // accumulators in registers up to rank 64 (kMaxRankFor128Rows).
-  if (params.rank == 0) return Launch<T, kFormat, kBlockRows, 0>(params, device, row_blocks, stream);
-  if (params.rank <= 32) return Launch<T, kFormat, kBlockRows, 32>(params, device, row_blocks, stream);
-  if constexpr (kBlockRows == 128) {
-    if (params.rank <= kMaxRankFor128Rows) {
-      return Launch<T, kFormat, kBlockRows, kMaxRankFor128Rows>(params, device, row_blocks, stream);
-    }
-  } else {
-    if (params.rank <= 128) return Launch<T, kFormat, kBlockRows, 128>(params, device, row_blocks, stream);
-    return Launch<T, kFormat, kBlockRows, 256>(params, device, row_blocks, stream);
-  }
-  return cudaErrorInvalidValue;
+cudaError_t DispatchRank(const Params& params, int device, int sms, cudaStream_t stream) {
+  if (params.rank == 0) return LaunchRowBlocks<T, kFormat, kBlockRows, 0>(params, device, sms, stream);
+  if (params.rank <= 32) return LaunchRowBlocks<T, kFormat, kBlockRows, 32>(params, device, sms, stream);
+  if (params.rank <= 128) return LaunchRowBlocks<T, kFormat, kBlockRows, 128>(params, device, sms, stream);
+  return LaunchRowBlocks<T, kFormat, kBlockRows, 256>(params, device, sms, stream);
 }
+
+constexpr int RankBucket(int rank) { return rank == 0 ? 0 : rank <= 32 ? 32 : rank <= 128 ? 128 : 256; }
 
 template <class T, ActFormat kFormat>
-cudaError_t DispatchShape(Params params, cudaStream_t stream) {
+cudaError_t DispatchShape(const Params& params, cudaStream_t stream) {
   int device = 0, sms = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (status != cudaSuccess) return status;
-  // Aim for about one CTA per SM. Largest row block whose row blocks, split at most 8 ways along K,
-  // reach that (fewer L_down re-reads); then the smallest power-of-two K split that does.
-  const int64_t target = sms * 9 / 10;
-  auto blocks = [&](int block_rows) { return (params.rows + block_rows - 1) / block_rows; };
-  int block_rows = 16;
-  if (params.rank <= kMaxRankFor128Rows && blocks(128) * kMaxClusterSplit >= target) {
-    block_rows = 128;
-  } else if (blocks(64) * kMaxClusterSplit >= target) {
-    block_rows = 64;
-  }
-  const int64_t row_blocks = blocks(block_rows);
-  if (row_blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  int splits = 1;
-  while (splits < kMaxClusterSplit && row_blocks * splits < target && 2 * splits <= params.num_chunks) splits *= 2;
-  params.k_splits = splits;
-  const int rb = static_cast<int>(row_blocks);
-  switch (block_rows) {
-    case 128:
-      return DispatchRank<T, kFormat, 128>(params, device, rb, stream);
-    case 64:
-      return DispatchRank<T, kFormat, 64>(params, device, rb, stream);
-    default:
-      return DispatchRank<T, kFormat, 16>(params, device, rb, stream);
-  }
+  // 64-row blocks (L_down tile shared by 64 rows) whenever their row blocks, split at most 8 ways along
+  // K, fill the GPU's resident CTAs; 16-row blocks for small M.
+  const int64_t ctas_64 = int64_t{sms} * ActQuantCtasPerSm({64, RankBucket(params.rank)});
+  const int64_t blocks_64 = (params.rows + 63) / 64;
+  if (blocks_64 * kMaxClusterSplit >= ctas_64 * 9 / 10) return DispatchRank<T, kFormat, 64>(params, device, sms, stream);
+  return DispatchRank<T, kFormat, 16>(params, device, sms, stream);
 }
 
 }  // namespace

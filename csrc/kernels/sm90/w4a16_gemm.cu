@@ -13,7 +13,8 @@
 // error per weight.) The only roundings are fp32 accumulation and the final cast, like the reference.
 //
 // Work split. A CTA owns `warps` x 32 rows of W (4..8 warps, each warp 32 rows = two m16 tiles) and a
-// K range (split-K over `splits` CTAs), chosen on the host so one wave covers the 132 SMs. Tokens beyond
+// K range (split-K over `splits` CTAs), chosen on the host so one wave covers the 132 SMs (x 2 CTAs
+// per SM up to 16 tokens). Tokens beyond
 // 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to scratch in MMA
 // fragment order; the last CTA of a tile to arrive (ticket counter, zeroed in-stream by a memset) sums
 // them in split order — deterministic, no host sync, CUDA-graph safe.
@@ -22,7 +23,7 @@
 //  * main ring, kStages deep, one stage = one 64-wide K atom: each lane cp.async's its own two 16-byte
 //    fragment words (16 rows x 64 k of W in fragment order, L2::evict_first: read exactly once), and
 //    the CTA copies the X tile (rows x 64 k, 16-byte cp.async) into a padded, ldmatrix-friendly row.
-//  * scale periods: scales and zeros of 8 groups at a time (raw (N, K/G) layout, 2-byte loads, so any
+//  * scale periods: scales and zeros of 4 groups at a time (raw (N, K/G) layout, 2-byte loads, so any
 //    row pitch works) are fetched into registers one period ahead; at the period switch they become
 //    two double-buffered shared tables: fp32 scales and the dequantization subtrahends −(magic + z).
 //  * compute: per k16 step and m16 tile, lop3 + fma dequantization (the 0x6400 fp16 / 0x4300 bf16
@@ -32,9 +33,11 @@
 // that order (a small kernel, scratch) and checks g_idx against the stored permutation: a mismatch
 // turns the affected columns into NaN, so a wrong g_idx can never give a plausible wrong answer.
 //
-// Shared memory per CTA (Config computes it and static_asserts it against 227 KB):
-//   kStages x (8 KB weights + M_tile x 144 B of X) + 32 KB scale tables + 16 B ticket flag
-//   = 178 KB (M_tile 8, 16 stages), 196 KB (16, 16), 219.5 KB (32, 15), 219 KB (64, 11).
+// Shared memory per CTA (Config computes it and static_asserts it against the SM's 228 KB shared by
+// CtasPerSm CTAs, less the driver's 1 KB per CTA):
+//   kStages x (8 KB weights + M_tile x 144 B of X) + 16 KB scale tables + 16 B ticket flag
+//   = 107.3 KB (M_tile 8: 10 stages, 2 CTAs/SM), 108.3 KB (16: 9 stages, 2 CTAs/SM),
+//     216 KB (32: 16 stages, 1 CTA/SM), 220 KB (64: 12 stages, 1 CTA/SM).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -62,21 +65,30 @@ constexpr int kMaxWarps = 8;
 constexpr int kMaxBlockRows = kMaxWarps * kWarpRows;    // 256 rows of W per CTA at most
 constexpr int kStageWeightBytes = kMaxWarps * kTilesPerWarp * kAtomBytes;  // 8 KB
 constexpr int kXRowPitch = kAtomCols * 2 + 16;    // 144 B: 8 rows at one column hit 8 bank quads
-constexpr int kGroupsPerPeriod = 8;
+constexpr int kGroupsPerPeriod = 4;               // even: a 64-wide atom never straddles two periods
 constexpr int kTableEntries = kGroupsPerPeriod * kMaxBlockRows;  // one buffer of one table
-// Two tables (dequantization subtrahends, fp32 scales), each double-buffered: 32 KB.
+// Two tables (dequantization subtrahends, fp32 scales), each double-buffered: 16 KB.
 constexpr int kScaleTablesBytes = 2 * 2 * kTableEntries * 4;
 constexpr int kFlagBytes = 16;
-constexpr int kMaxSmemPerBlock = 227 * 1024;
+constexpr int kSmemPerSm = 228 * 1024;
+constexpr int kDriverSmemPerCta = 1024;           // reserved by the driver for every resident CTA
 constexpr int kMaxStages = 16;
 constexpr int kMaxTokensPerBlock = 64;
 constexpr int64_t kMaxK = int64_t{1} << 24;         // keeps in-kernel offsets in 32 bits
 constexpr int kMaxGridY = 65535;
 constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
 
+// Up to 16 tokens, two CTAs per SM: a CTA's warps stall together at its per-stage barrier, so the
+// other CTA's warps keep the schedulers issuing (one CTA of 7 warps left 59% of the issue cycles empty
+// at M = 1, ncu). Past 16 tokens the accumulators need more than the 128 registers two CTAs of 256
+// threads may have (ptxas spills), so those keep one CTA per SM and a deeper ring.
+constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }
+
 template <int kMTiles_>
 struct Config {
   static constexpr int kMTiles = kMTiles_;        // n8 tiles of tokens
+  static constexpr int kCtasPerSm = CtasPerSm(kMTiles);
+  static constexpr int kMaxSmemPerBlock = kSmemPerSm / kCtasPerSm - kDriverSmemPerCta;
   static constexpr int kBlockM = 8 * kMTiles;     // tokens per CTA
   static constexpr int kStageXBytes = kBlockM * kXRowPitch;
   static constexpr int kStageBytes = kStageWeightBytes + kStageXBytes;
@@ -91,6 +103,7 @@ struct Config {
   static constexpr int kSmemBytes = kFlagOffset + kFlagBytes;
 
   static_assert(kMTiles == 1 || kMTiles % 2 == 0, "ldmatrix.x4 loads token tiles in pairs");
+  static_assert(kGroupsPerPeriod % 2 == 0, "32-wide groups come in pairs per atom");
   static_assert(kBlockM <= kMaxTokensPerBlock);
   static_assert(kStages >= 4, "the ring must hide HBM latency");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget");
@@ -244,7 +257,7 @@ __device__ __forceinline__ int GroupOfAtom(int atom, int group_shift) {
 // ---------------------------------------------------------------------------------------- the GEMM
 
 template <typename T, int kMTiles>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1) W4a16GemmKernel(const KernelParams p) {
+__global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W4a16GemmKernel(const KernelParams p) {
   using Cfg = Config<kMTiles>;
   constexpr int kStages = Cfg::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -575,8 +588,9 @@ Plan MakePlan(const GemmArgs& args, int num_sms) {
   for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
     const int n_tiles = CeilDiv(args.n, warps * kWarpRows);
     const int64_t tiles = static_cast<int64_t>(n_tiles) * plan.m_blocks;
-    const int splits = static_cast<int>(std::clamp<int64_t>(num_sms / tiles, 1, atoms));
-    const int64_t waves = (tiles * splits + num_sms - 1) / num_sms;
+    const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
+    const int splits = static_cast<int>(std::clamp<int64_t>(slots / tiles, 1, atoms));
+    const int64_t waves = (tiles * splits + slots - 1) / slots;
     const int64_t cost = waves * warps * CeilDiv(atoms, splits);
     if (cost < best_cost) {
       best_cost = cost;

@@ -175,6 +175,13 @@ struct Config {
 
   static constexpr int kSliceN = kTileM < 64 ? kTileM : 64;  // tokens per wgmma (its N)
   static constexpr int kSlices = kTileM / kSliceN;
+  // K-stages a consumer issues before it drains its wgmmas, and its partial-accumulator sets. Small
+  // token tiles (decode) are bound by the latency of one stage's wait-promote-release chain, not by the
+  // tensor cores: four (tile 16) or two (tile 32) stages in flight per chain; each unit then has its own
+  // partial set (8 or 16 registers). Larger tiles alternate two sets, one promoted while the other runs.
+  static constexpr int kStagesPerStep = kTileM <= 16 ? 4 : kTileM <= 32 ? 2 : 1;
+  static constexpr int kPartSets = kTileM <= 32 ? kStagesPerStep * kSlices * 2 : 2;
+  static_assert(kPartSets <= 8, "WgmmaWaitPending covers up to 7 pending groups");
   static constexpr int kHalfRows = kTileM / kCluster;        // token rows each CTA of the cluster issues
 
   // One buffer of each object (bytes), as the kernel uses it.
@@ -215,6 +222,7 @@ struct Config {
   static_assert(kShape.act_value_bits == 8, "activations are e4m3 codes");
   static_assert(kHalfRows * kTileK % budget::kSwizzledAlign == 0, "a multicast half keeps the swizzle phase");
   static_assert(kStages >= kW4A4MinMainStages && kLoraStages >= 1, "pipeline depth");
+  static_assert(kStagesPerStep <= kStages, "a consumer step holds kStagesPerStep stages at once");
 
   static constexpr bool ObjectIs(int i, const char* name, int64_t bytes, int stages, Sharing sharing,
                                  Lifetime lifetime) {
@@ -431,6 +439,20 @@ __device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group
 template <int kPending>
 __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// wait_group takes an immediate; `pending` is a constant once the caller's loops are unrolled.
+__device__ __forceinline__ void WgmmaWaitPending(int pending) {
+  switch (pending) {
+    case 0: WgmmaWait<0>(); break;
+    case 1: WgmmaWait<1>(); break;
+    case 2: WgmmaWait<2>(); break;
+    case 3: WgmmaWait<3>(); break;
+    case 4: WgmmaWait<4>(); break;
+    case 5: WgmmaWait<5>(); break;
+    case 6: WgmmaWait<6>(); break;
+    default: WgmmaWait<7>(); break;
+  }
 }
 
 // Keeps the compiler from moving accesses of wgmma accumulators across the wgmma / wait statements.
@@ -905,11 +927,79 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     }
   };
 
+  constexpr int kPartSets = C::kPartSets;
   float acc[kSlices][kSliceN / 2];
-  float part[2][kSliceN / 2];
+  float part[kPartSets][kSliceN / 2];
   PipeState<C::kStages> state;
   PipeState<C::kLoraStages> lora_state;
   const uint32_t staging = smem + L::kStaging + wg * (C::kTileM * 128);
+
+  // One step: kU K-stages, each of kSlices x 2 units (slice, group): two wgmma k32 into a fresh partial
+  // set (scale-d = 0 on the first), one commit. Unit u goes to partial set u % kPartSets; before set
+  // u % kPartSets is reused, wgmma.wait_group(kPartSets - 1) retires unit u - kPartSets, which is then
+  // promoted while the later units run. The step ends drained (no wgmma in flight across the loop's
+  // back edge: ptxas would serialize every wgmma, C7514), promoting each remaining unit as it retires;
+  // a stage is released once its last unit is promoted.
+  auto main_step = [&](auto stages_per_step) {
+    constexpr int kU = decltype(stages_per_step)::value;
+    constexpr int kUnitsPerStage = kSlices * 2;
+    constexpr int kUnits = kU * kUnitsPerStage;
+    constexpr int kSets = kUnits < kPartSets ? kUnits : kPartSets;
+    int stage[kU] = {};
+    float sw[kU][2][2];
+    uint32_t a[kU][2][8];
+    uint32_t act_scales[kU] = {};
+
+    auto promote_unit = [&](int u) {  // u is a compile-time constant once the loops are unrolled
+      const int j = u / kUnitsPerStage, sl = (u % kUnitsPerStage) / 2, gi = u % 2;
+      FenceOperands(part[u % kSets]);
+      Promote<C, OutT, kFp8Act>(acc[sl], part[u % kSets], act_scales[j], sl, gi, sw[j][gi], t);
+      if (u % kUnitsPerStage == kUnitsPerStage - 1) release_main(stage[j]);
+    };
+
+#pragma unroll
+    for (int j = 0; j < kU; ++j) {
+      stage[j] = state.index;
+      MbarWait(bar.Full(stage[j]), state.phase);
+      state.Advance();
+      const uint32_t wscales = smem + L::kWeightScales + stage[j] * L::Stride(kObjWeightScales);
+      const uint32_t sw_word0 = Lds32(wscales + 4 * column);
+      const uint32_t sw_word1 = Lds32(wscales + 4 * (column + 8));
+#pragma unroll
+      for (int gi = 0; gi < 2; ++gi) {
+        sw[j][gi][0] = GroupScale<OutT, false>(sw_word0, gi);
+        sw[j][gi][1] = GroupScale<OutT, false>(sw_word1, gi);
+      }
+      const uint32_t weights =
+          smem + L::kWeights + stage[j] * L::Stride(kObjWeights) + wg * 2 * kWeightBlockBytes + 16 * tid;
+      WeightFragments(Lds128(weights), a[j][0]);
+      WeightFragments(Lds128(weights + kWeightBlockBytes), a[j][1]);
+      act_scales[j] = smem + L::kActScales + stage[j] * L::Stride(kObjActScales);
+      const uint64_t desc_x =
+          MakeSmemDesc(smem + L::kActivations + stage[j] * L::Stride(kObjActivations), 16, 8 * C::kTileK, kSwizzle128B);
+#pragma unroll
+      for (int v = 0; v < kUnitsPerStage; ++v) {
+        const int u = j * kUnitsPerStage + v;
+        const int sl = v / 2, gi = v % 2;
+        if (u >= kSets) {
+          WgmmaWaitPending(kSets - 1);
+          promote_unit(u - kSets);
+        }
+        // Unit (sl, gi): tokens [sl kSliceN, +kSliceN), k [64 gi, 64 gi + 64) of the stage.
+        const uint32_t offset = sl * kSliceN * C::kTileK + 64 * gi;
+        FenceOperands(part[u % kSets]);
+        WgmmaFence();
+        Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi], desc_x + (offset >> 4), 0);
+        Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4, desc_x + ((offset + 32) >> 4), 1);
+        WgmmaCommit();
+      }
+    }
+#pragma unroll
+    for (int u = kUnits - kSets; u < kUnits; ++u) {
+      WgmmaWaitPending(kUnits - 1 - u);
+      promote_unit(u);
+    }
+  };
 
   for (int ct = blockIdx.x / C::kCluster; ct < p.cluster_tiles; ct += gridDim.x / C::kCluster) {
     const Tile tile = TileAt<C>(ct, p, cta_rank);
@@ -919,50 +1009,13 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       for (int i = 0; i < kSliceN / 2; ++i) acc[sl][i] = 0.0f;
     }
 
-    // ---- main loop
-    for (int ks = 0; ks < p.k_stages; ++ks) {
-      const int s = state.index;
-      MbarWait(bar.Full(s), state.phase);
-      const uint32_t wscales = smem + L::kWeightScales + s * L::Stride(kObjWeightScales);
-      const uint32_t sw_word0 = Lds32(wscales + 4 * column);
-      const uint32_t sw_word1 = Lds32(wscales + 4 * (column + 8));
-      const float sw[2][2] = {{GroupScale<OutT, false>(sw_word0, 0), GroupScale<OutT, false>(sw_word1, 0)},
-                              {GroupScale<OutT, false>(sw_word0, 1), GroupScale<OutT, false>(sw_word1, 1)}};
-      const uint32_t weights = smem + L::kWeights + s * L::Stride(kObjWeights) + wg * 2 * kWeightBlockBytes + 16 * tid;
-      uint32_t a[2][8];
-      WeightFragments(Lds128(weights), a[0]);
-      WeightFragments(Lds128(weights + kWeightBlockBytes), a[1]);
-      const uint32_t act_scales = smem + L::kActScales + s * L::Stride(kObjActScales);
-      const uint64_t desc_x =
-          MakeSmemDesc(smem + L::kActivations + s * L::Stride(kObjActivations), 16, 8 * C::kTileK, kSwizzle128B);
-#pragma unroll
-      for (int sl = 0; sl < kSlices; ++sl) {
-#pragma unroll
-        for (int gi = 0; gi < 2; ++gi) {
-          // Unit (sl, gi): tokens [sl kSliceN, +kSliceN), k [64 gi, 64 gi + 64) of the stage.
-          const uint32_t offset = sl * kSliceN * C::kTileK + 64 * gi;
-          FenceOperands(part[gi]);
-          WgmmaFence();
-          Wgmma<kSliceN>::E4m3(part[gi], a[gi], desc_x + (offset >> 4), 0);
-          Wgmma<kSliceN>::E4m3(part[gi], a[gi] + 4, desc_x + ((offset + 32) >> 4), 1);
-          WgmmaCommit();
-          if (sl > 0 || gi > 0) {  // promote the previous unit while this one runs
-            const int prev_sl = gi == 0 ? sl - 1 : sl;
-            const int prev_gi = 1 - gi;
-            WgmmaWait<1>();
-            FenceOperands(part[prev_gi]);
-            Promote<C, OutT, kFp8Act>(acc[prev_sl], part[prev_gi], act_scales, prev_sl, prev_gi, sw[prev_gi], t);
-          }
-        }
-      }
-      // The stage's last unit: drained here, not across the loop's back edge (ptxas serializes every
-      // wgmma when accumulators of one in flight across the back edge are read); meanwhile the other
-      // consumer warpgroup keeps the tensor cores busy.
-      WgmmaWait<0>();
-      FenceOperands(part[1]);
-      Promote<C, OutT, kFp8Act>(acc[kSlices - 1], part[1], act_scales, kSlices - 1, 1, sw[1], t);
-      release_main(s);
-      state.Advance();
+    // ---- main loop: steps of kStagesPerStep K-stages, then single stages for the remainder
+    int ks = 0;
+    for (; ks + C::kStagesPerStep <= p.k_stages; ks += C::kStagesPerStep) {
+      main_step(std::integral_constant<int, C::kStagesPerStep>{});
+    }
+    if constexpr (C::kStagesPerStep > 1) {
+      for (; ks < p.k_stages; ++ks) main_step(std::integral_constant<int, 1>{});
     }
 
     // ---- α, then the low-rank up projection into the same accumulators

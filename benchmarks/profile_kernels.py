@@ -1,0 +1,86 @@
+"""Run each CUDA kernel once at its benchmark shapes, for Nsight Compute (ncu) to profile.
+
+    ncu --clock-control none -k regex:'W4A4|W4a16|ActQuant' python benchmarks/profile_kernels.py [case ...]
+
+Cases: w4a4_prefill (8192³, rank 32), w4a4_decode (1 x 28672 x 8192), act_quant (4096 x 4096, rank 32),
+w4a16_m1 / w4a16_m16 (28672 x 8192, g128). Each case compiles, warms up once, then runs once more, so
+the profiled launch is a steady-state one (pass `--launch-skip` per kernel to ncu to pick it).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_w4a4 import ops
+from jax_w4a4.formats import svdq, svdq_layout, w4a16, w4a16_layout
+
+RANK = 32
+
+
+def _w4a4(m: int, n: int, k: int):
+    key = jax.random.key(m + n + k)
+    kx, kw, ks, kd, ku = jax.random.split(key, 5)
+    smooth = jax.random.uniform(ks, (k,), jnp.float32, 0.5, 2.0)
+    lora_down = (jax.random.normal(kd, (k, RANK)) / np.sqrt(k)).astype(jnp.bfloat16)
+    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+    qweight, wscales = jax.jit(svdq.quantize_weights, static_argnames="scale_dtype")(
+        jax.random.normal(kw, (n, k)) / np.sqrt(k), scale_dtype=jnp.bfloat16)
+    prepacked = jax.jit(svdq_layout.prepack)(qweight)
+    lora_up = (jax.random.normal(ku, (RANK, n)) / np.sqrt(RANK)).astype(jnp.bfloat16)
+    quantize = jax.jit(lambda x: ops.act_quant(x, smooth, lora_down, act_format="int4"))
+    gemm = jax.jit(lambda a, b, c: ops.w4a4_gemm(a, b, c, prepacked, wscales, lora_up, act_format="int4"))
+    return lambda: gemm(*quantize(x))
+
+
+def _w4a16(m: int, n: int, k: int):
+    key = jax.random.key(m + n + k)
+    q = jax.jit(w4a16.quantize, static_argnames=("group_size", "zero_point", "scale_dtype"))(
+        jax.random.normal(key, (n, k)), group_size=128, zero_point=False, scale_dtype=jnp.bfloat16)
+    packed = jax.jit(w4a16_layout.prepack)(q.qweight)
+    x = jax.random.normal(jax.random.fold_in(key, 1), (m, k), jnp.bfloat16)
+    gemm = jax.jit(lambda x: ops.w4a16_gemm(x, packed, q.scales, q.zeros, group_size=128))
+    return lambda: gemm(x)
+
+
+def _w4a4_chain():
+    """The benchmark harness's chain (4 calls) around the decode GEMM: shows every kernel XLA runs per call."""
+    from benchmarks import harness
+
+    key = jax.random.key(3)
+    n, k = 28672, 8192
+    smooth = jnp.ones((k,), jnp.float32)
+    lora_down = (jax.random.normal(key, (k, RANK)) / np.sqrt(k)).astype(jnp.bfloat16)
+    qweight, wscales = jax.jit(svdq.quantize_weights, static_argnames="scale_dtype")(
+        jax.random.normal(key, (n, k)) / np.sqrt(k), scale_dtype=jnp.bfloat16)
+    prepacked = jax.jit(svdq_layout.prepack)(qweight)
+    lora_up = (jax.random.normal(key, (RANK, n)) / np.sqrt(RANK)).astype(jnp.bfloat16)
+    acts = [jax.jit(lambda x: ops.act_quant(x, smooth, lora_down, act_format="int4"))(
+        jax.random.normal(jax.random.fold_in(key, i), (1, k), jnp.bfloat16)) for i in range(4)]
+    gemm = lambda a, w, s, u: ops.w4a4_gemm(*a, w, s, u, act_format="int4")  # noqa: E731
+    return lambda: harness.time_jax(gemm, [(a, prepacked, wscales, lora_up) for a in acts], calls=4, trials=1)
+
+
+CASES = {
+    "w4a4_prefill": lambda: _w4a4(8192, 8192, 8192),
+    "w4a4_decode": lambda: _w4a4(1, 28672, 8192),
+    "act_quant": lambda: _w4a4(4096, 4096, 4096),  # act_quant's profiled launch is this case's
+    "w4a16_m1": lambda: _w4a16(1, 28672, 8192),
+    "w4a16_m16": lambda: _w4a16(16, 28672, 8192),
+    "w4a4_chain": _w4a4_chain,
+}
+
+
+def main(names: list[str]) -> None:
+    for name in names or list(CASES):
+        run = CASES[name]()
+        jax.block_until_ready(run())
+        jax.block_until_ready(run())
+        print(f"ran {name}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,112 @@
+// Shared-memory and occupancy plan of act_quant (csrc/kernels/sm90/act_quant.cu), host-compilable.
+// The kernel builds its tile configuration from these plans and static_asserts them; python -m
+// jax_w4a4.budget prints them (csrc/common/budget_table.cc); tests/test_budget.py checks the arithmetic.
+//
+// A CTA owns block_rows rows and a range of 128-wide K chunks; per chunk (one ring stage) it stages the X
+// tile, the next chunk's 128 lambdas and, with a low-rank branch, the L_down tile. The plan fixes the CTAs
+// that must be resident on one SM (the occupancy the kernel is designed for: the bandwidth comes from
+// several small CTAs per SM, each hiding the others' barriers) and solves the deepest ring that lets that
+// many CTAs share the SM's 228 KB.
+#pragma once
+
+#include <cstdint>
+
+#include "common/smem_budget.h"
+
+namespace jax_w4a4::sm90 {
+
+inline constexpr int kActQuantChunkK = 128;         // k per stage: two int4 groups or one fp8 group
+inline constexpr int kActQuantMaxStages = 6;
+inline constexpr int kActQuantMinStages = 2;        // one chunk in flight while the previous is computed
+inline constexpr int64_t kSmemPerSmSm90 = 228 * 1024;
+inline constexpr int64_t kSmemReservedPerCtaSm90 = 1024;  // the driver's per-CTA shared-memory reservation
+inline constexpr int64_t kRegistersPerSmSm90 = 64 * 1024;
+
+struct ActQuantShape {
+  int block_rows;  // rows per CTA: 64 (large M) or 16 (small M, K split over a cluster)
+  int rank_cap;    // largest low-rank rank the instance serves (0: no low-rank branch)
+};
+
+struct ActQuantPlan {
+  ActQuantShape shape;
+  int warps;
+  int threads;
+  int ctas_per_sm;     // designed occupancy: __launch_bounds__ min blocks, smem solved for it
+  int units_per_pass;  // quantizer: 16-value units per thread per pass (registers for X̂)
+  int passes;          // quantizer passes per chunk (the column lambdas are loaded once for all)
+  int stages;
+  int64_t x_tile_bytes;        // block_rows x 128 halves
+  int64_t lambda_bytes;        // the next chunk's 128 lambdas (fp32)
+  int64_t lora_row_pitch;      // L_down tile row: rank_cap halves + 16 B (an odd count of 16-byte units)
+  int64_t lora_tile_bytes;     // 128 rows of L_down
+  int64_t stage_bytes;
+  int64_t ring_bytes;
+  int64_t column_table_bytes;  // two chunks of (lambda, reciprocal)
+  int64_t partial_bytes;       // cluster epilogue: fp32 LA partial (rows padded by 8 floats), reuses the ring
+  int64_t total_bytes;         // dynamic shared memory per CTA
+
+  constexpr int64_t pipeline_bytes() const { return ring_bytes + column_table_bytes; }
+  constexpr int64_t per_sm_bytes() const { return ctas_per_sm * (total_bytes + kSmemReservedPerCtaSm90); }
+  // The register cap __launch_bounds__(threads, ctas_per_sm) gives ptxas (allocation granule: 8).
+  constexpr int max_registers() const {
+    const int64_t r = kRegistersPerSmSm90 / (int64_t{threads} * ctas_per_sm) / 8 * 8;
+    return r > 255 ? 255 : static_cast<int>(r);
+  }
+  constexpr bool fits() const {
+    return stages >= kActQuantMinStages && total_bytes <= budget::kSmemPerBlockSm90 && per_sm_bytes() <= kSmemPerSmSm90;
+  }
+};
+
+// Warps per CTA: 64-row blocks with rank <= 32 run 4 warps (a 16-row mma tile each); larger ranks 8
+// (two column groups: fewer accumulators per thread). 16-row blocks: 4 warps.
+constexpr int ActQuantWarps(ActQuantShape s) { return s.block_rows == 64 && s.rank_cap > 32 ? 8 : 4; }
+
+// Designed CTAs per SM. Large M, rank <= 32 (the bandwidth case): 4 CTAs of 128 threads, 128 registers
+// each. Ranks above 32 keep more accumulators (and larger L_down tiles) and run fewer CTAs.
+constexpr int ActQuantCtasPerSm(ActQuantShape s) {
+  if (s.rank_cap <= 32) return s.block_rows == 64 ? 4 : 3;
+  if (s.rank_cap <= 128) return s.block_rows == 64 ? 1 : 2;
+  return 1;
+}
+
+constexpr ActQuantPlan MakeActQuantPlan(ActQuantShape s, int stages) {
+  ActQuantPlan p{};
+  p.shape = s;
+  p.warps = ActQuantWarps(s);
+  p.threads = p.warps * 32;
+  p.ctas_per_sm = ActQuantCtasPerSm(s);
+  // 8 threads per row (16 values each); threads / 8 rows per unit step. Two units per pass (more
+  // independent work between the group shuffles) unless 4 CTAs per SM cap the registers at 128: then
+  // one, which keeps the low-rank accumulators and the column lambdas in registers without spills.
+  const int units_per_chunk = s.block_rows / (p.threads / 8);
+  const int max_units_per_pass = p.ctas_per_sm >= 4 ? 1 : 2;
+  p.units_per_pass = units_per_chunk < max_units_per_pass ? units_per_chunk : max_units_per_pass;
+  p.passes = p.units_per_pass > 0 ? units_per_chunk / p.units_per_pass : 0;
+  p.stages = stages;
+  p.x_tile_bytes = int64_t{s.block_rows} * kActQuantChunkK * 2;
+  p.lambda_bytes = kActQuantChunkK * 4;
+  p.lora_row_pitch = (s.rank_cap / 8 + 1) * 16;
+  p.lora_tile_bytes = s.rank_cap == 0 ? 0 : kActQuantChunkK * p.lora_row_pitch;
+  p.stage_bytes = p.x_tile_bytes + p.lambda_bytes + p.lora_tile_bytes;
+  p.ring_bytes = stages * p.stage_bytes;
+  p.column_table_bytes = 2 * 2 * kActQuantChunkK * 4;
+  p.partial_bytes = s.rank_cap == 0 ? 0 : int64_t{s.block_rows} * (s.rank_cap + 8) * 4;
+  p.total_bytes = p.pipeline_bytes() > p.partial_bytes ? p.pipeline_bytes() : p.partial_bytes;
+  return p;
+}
+
+// The deepest ring (at most kActQuantMaxStages) with which ctas_per_sm CTAs fit on one SM.
+constexpr ActQuantPlan SolveActQuantPlan(ActQuantShape s) {
+  for (int stages = kActQuantMaxStages; stages > kActQuantMinStages; --stages) {
+    const ActQuantPlan p = MakeActQuantPlan(s, stages);
+    if (p.fits()) return p;
+  }
+  return MakeActQuantPlan(s, kActQuantMinStages);  // the kernel static_asserts fits()
+}
+
+// Every instance the launcher dispatches to: row block x rank bucket.
+inline constexpr ActQuantShape kActQuantShapes[] = {
+    {64, 0}, {64, 32}, {64, 128}, {64, 256}, {16, 0}, {16, 32}, {16, 128}, {16, 256},
+};
+
+}  // namespace jax_w4a4::sm90
