@@ -1,4 +1,4 @@
-"""The CUDA kernels' shared-memory plans, solved at compile time, as Python sees them (W4A4 GEMM, act_quant).
+"""The CUDA kernels' shared-memory plans, solved at compile time, as Python sees them (W4A4 GEMM, act_quant, w4a16 GEMM).
 
     python -m jax_w4a4.budget          # prints every plan the kernels instantiate
 
@@ -84,6 +84,10 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4ActQuantShapes.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4ActQuantPlan.restype = None
     lib.JaxW4a4ActQuantPlan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4W4a16MTiles.restype = ctypes.c_int
+    lib.JaxW4a4W4a16MTiles.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4W4a16Plan.restype = None
+    lib.JaxW4a4W4a16Plan.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
     return lib
 
 
@@ -155,6 +159,45 @@ def act_quant_plan(block_rows: int, rank_cap: int) -> ActQuantPlan:
     _load().JaxW4a4ActQuantPlan(block_rows, rank_cap, out)
     values = [int(v) for v in out]
     return ActQuantPlan(block_rows, rank_cap, *values[:-1], bool(values[-1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class W4a16Plan:
+    """The sm90 w4a16 GEMM plan of one token tile (csrc/kernels/sm90/w4a16_gemm_plan.h): per ring stage
+    (one 64-wide K atom) 8 KB of prepacked weights and the X tile; fixed scale tables and ticket flag;
+    ``ctas_per_sm`` CTAs designed to share an SM."""
+
+    m_tiles: int
+    block_m: int
+    ctas_per_sm: int
+    stages: int
+    stage_weight_bytes: int
+    stage_x_bytes: int
+    stage_bytes: int
+    ring_bytes: int
+    scale_tables_bytes: int
+    flag_bytes: int
+    total_bytes: int
+    per_sm_bytes: int
+    fits: bool
+
+
+_W4A16_FIELDS = 12
+
+
+def w4a16_m_tiles() -> list[int]:
+    """The token tiles (in n8 MMA tiles) the w4a16 kernel instantiates."""
+    out = (ctypes.c_int64 * 16)()
+    n = _load().JaxW4a4W4a16MTiles(out)
+    return [int(out[i]) for i in range(n)]
+
+
+def w4a16_plan(m_tiles: int) -> W4a16Plan:
+    """The solved shared-memory / occupancy plan of the sm90 w4a16 GEMM for one token tile."""
+    out = (ctypes.c_int64 * _W4A16_FIELDS)()
+    _load().JaxW4a4W4a16Plan(m_tiles, out)
+    values = [int(v) for v in out]
+    return W4a16Plan(m_tiles, *values[:-1], bool(values[-1]))
 
 
 if __name__ == "__main__":

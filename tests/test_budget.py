@@ -151,3 +151,28 @@ def test_act_quant_bandwidth_instance():
 def test_table_lists_act_quant_plans():
     text = budget.table()
     assert text.count("act_quant sm90:") == len(budget.act_quant_shapes()) == 8
+
+
+# ---- w4a16: two CTAs per SM up to 16 tokens, the ring solved for the designed occupancy ----
+
+def test_w4a16_plans_add_up_fit_and_are_tight():
+    plans = [budget.w4a16_plan(m) for m in budget.w4a16_m_tiles()]
+    assert [p.m_tiles for p in plans] == [1, 2, 4, 8]
+    for p in plans:
+        assert p.block_m == 8 * p.m_tiles
+        assert p.stage_weight_bytes == 8 * 1024  # 8 warps x 2 m16 tiles x 512 B of one 64-wide atom
+        assert p.stage_x_bytes == p.block_m * 144
+        assert p.stage_bytes == p.stage_weight_bytes + p.stage_x_bytes
+        assert p.ring_bytes == p.stages * p.stage_bytes
+        assert p.scale_tables_bytes == 2 * 2 * 4 * 256 * 4  # 2 tables x 2 buffers x 4 groups x 256 rows
+        assert p.total_bytes == p.ring_bytes + p.scale_tables_bytes + p.flag_bytes
+        assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
+        assert p.fits and 4 <= p.stages <= 16
+        assert p.total_bytes <= budget.SMEM_PER_BLOCK and p.per_sm_bytes <= budget.SMEM_PER_SM
+        if p.stages < 16:  # one more stage would break the designed CTAs per SM
+            assert p.ctas_per_sm * (p.total_bytes + p.stage_bytes + budget.SMEM_RESERVED_PER_CTA) > budget.SMEM_PER_SM
+    assert [p.ctas_per_sm for p in plans] == [2, 2, 1, 1]
+
+
+def test_table_lists_w4a16_plans():
+    assert budget.table().count("w4a16_gemm sm90:") == 4

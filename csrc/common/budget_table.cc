@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/sm90/act_quant_plan.h"
+#include "kernels/sm90/w4a16_gemm_plan.h"
 #include "kernels/sm90/w4a4_gemm_plan.h"
 
 namespace {
@@ -14,6 +15,7 @@ using jax_w4a4::budget::Lifetime;
 using jax_w4a4::budget::Sharing;
 using jax_w4a4::sm90::ActQuantPlan;
 using jax_w4a4::sm90::W4A4Plan;
+using jax_w4a4::sm90::w4a16::W4a16Plan;
 
 const char* LifetimeName(Lifetime l) {
   switch (l) {
@@ -70,6 +72,17 @@ std::string DescribeActQuant(const ActQuantPlan& p) {
   return line;
 }
 
+std::string DescribeW4a16(const W4a16Plan& p) {
+  char line[384];
+  std::snprintf(line, sizeof line,
+                "w4a16_gemm sm90: %d tokens per CTA, %d CTAs/SM: stage %d B (weights %d + X %d) x %d stages = %d, "
+                "scale tables %d, ticket flag %d; total %d B/CTA, %d of %d B/SM%s\n",
+                p.block_m, p.ctas_per_sm, p.stage_bytes, p.stage_weight_bytes, p.stage_x_bytes, p.stages,
+                p.ring_bytes, p.scale_tables_bytes, p.flag_bytes, p.total_bytes, p.per_sm_bytes,
+                jax_w4a4::sm90::w4a16::kSmemPerSm, p.fits() ? "" : "  ** DOES NOT FIT **");
+  return line;
+}
+
 }  // namespace
 
 extern "C" {
@@ -79,6 +92,8 @@ __attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
     std::string t;
     for (const auto& shape : jax_w4a4::sm90::kW4A4Shapes) t += Describe(jax_w4a4::sm90::SolveW4A4Plan(shape)) + "\n";
     for (const auto& shape : jax_w4a4::sm90::kActQuantShapes) t += DescribeActQuant(jax_w4a4::sm90::SolveActQuantPlan(shape));
+    t += "\n";
+    for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) t += DescribeW4a16(jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles));
     return t;
   }();
   return table.c_str();
@@ -135,6 +150,23 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
                             p.stages,        p.x_tile_bytes,      p.lambda_bytes,   p.lora_row_pitch, p.lora_tile_bytes,
                             p.stage_bytes,   p.ring_bytes,        p.column_table_bytes, p.partial_bytes, p.total_bytes,
                             p.per_sm_bytes(), p.max_registers(),  p.fits() ? 1 : 0};
+  for (int64_t v : values) *out++ = v;
+}
+
+// The w4a16 plans: JaxW4a4W4a16MTiles writes the instantiated m_tiles options and returns their count;
+// JaxW4a4W4a16Plan writes one solved plan: block_m, ctas_per_sm, stages, stage_weight, stage_x, stage,
+// ring, scale_tables, flag, total, per_sm, fits (12 values).
+__attribute__((visibility("default"))) int JaxW4a4W4a16MTiles(int64_t* out) {
+  int n = 0;
+  for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) out[n++] = m_tiles;
+  return n;
+}
+
+__attribute__((visibility("default"))) void JaxW4a4W4a16Plan(int m_tiles, int64_t* out) {
+  const W4a16Plan p = jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles);
+  const int64_t values[] = {p.block_m,    p.ctas_per_sm,        p.stages,     p.stage_weight_bytes,
+                            p.stage_x_bytes, p.stage_bytes,     p.ring_bytes, p.scale_tables_bytes,
+                            p.flag_bytes, p.total_bytes,        p.per_sm_bytes, p.fits() ? 1 : 0};
   for (int64_t v : values) *out++ = v;
 }
 

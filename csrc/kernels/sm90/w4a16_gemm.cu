@@ -49,53 +49,28 @@
 
 #include "common/ptx.h"
 #include "kernels/sm90/w4a16_gemm.h"
+#include "kernels/sm90/w4a16_gemm_plan.h"
 
 namespace jax_w4a4::sm90::w4a16 {
 namespace {
 
 // ------------------------------------------------------------------------------------------ geometry
 
-constexpr int kAtomRows = 16;                     // one m16 MMA tile of W
-constexpr int kAtomCols = 64;                     // four k16 MMA steps
-constexpr int kAtomBytes = kAtomRows * kAtomCols / 2;   // 512 B = 32 lanes x 16 B
-constexpr int kTilesPerWarp = 2;                  // m16 tiles of W per warp
-constexpr int kWarpRows = kTilesPerWarp * kAtomRows;    // 32
-constexpr int kMinWarps = 4;
-constexpr int kMaxWarps = 8;
-constexpr int kMaxBlockRows = kMaxWarps * kWarpRows;    // 256 rows of W per CTA at most
-constexpr int kStageWeightBytes = kMaxWarps * kTilesPerWarp * kAtomBytes;  // 8 KB
-constexpr int kXRowPitch = kAtomCols * 2 + 16;    // 144 B: 8 rows at one column hit 8 bank quads
-constexpr int kGroupsPerPeriod = 4;               // even: a 64-wide atom never straddles two periods
-constexpr int kTableEntries = kGroupsPerPeriod * kMaxBlockRows;  // one buffer of one table
-// Two tables (dequantization subtrahends, fp32 scales), each double-buffered: 16 KB.
-constexpr int kScaleTablesBytes = 2 * 2 * kTableEntries * 4;
-constexpr int kFlagBytes = 16;
-constexpr int kSmemPerSm = 228 * 1024;
-constexpr int kDriverSmemPerCta = 1024;           // reserved by the driver for every resident CTA
-constexpr int kMaxStages = 16;
 constexpr int kMaxTokensPerBlock = 64;
 constexpr int64_t kMaxK = int64_t{1} << 24;         // keeps in-kernel offsets in 32 bits
 constexpr int kMaxGridY = 65535;
 constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
 
-// Up to 16 tokens, two CTAs per SM: a CTA's warps stall together at its per-stage barrier, so the
-// other CTA's warps keep the schedulers issuing (one CTA of 7 warps left 59% of the issue cycles empty
-// at M = 1, ncu). Past 16 tokens the accumulators need more than the 128 registers two CTAs of 256
-// threads may have (ptxas spills), so those keep one CTA per SM and a deeper ring.
-constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }
-
 template <int kMTiles_>
 struct Config {
+  static constexpr W4a16Plan kPlan = SolveW4a16Plan(kMTiles_);
   static constexpr int kMTiles = kMTiles_;        // n8 tiles of tokens
-  static constexpr int kCtasPerSm = CtasPerSm(kMTiles);
-  static constexpr int kMaxSmemPerBlock = kSmemPerSm / kCtasPerSm - kDriverSmemPerCta;
-  static constexpr int kBlockM = 8 * kMTiles;     // tokens per CTA
-  static constexpr int kStageXBytes = kBlockM * kXRowPitch;
-  static constexpr int kStageBytes = kStageWeightBytes + kStageXBytes;
-  static constexpr int kFixedBytes = kScaleTablesBytes + kFlagBytes;
+  static constexpr int kCtasPerSm = kPlan.ctas_per_sm;
+  static constexpr int kBlockM = kPlan.block_m;   // tokens per CTA
+  static constexpr int kStageXBytes = kPlan.stage_x_bytes;
   // X tile copies per thread and stage (16 B each; at least kMinWarps warps share them).
   static constexpr int kXCopiesPerThread = (kBlockM * 8 + kMinWarps * 32 - 1) / (kMinWarps * 32);
-  static constexpr int kStages = std::min(kMaxStages, (kMaxSmemPerBlock - kFixedBytes) / kStageBytes);
+  static constexpr int kStages = kPlan.stages;
   static constexpr int kWeightRingOffset = 0;
   static constexpr int kXRingOffset = kWeightRingOffset + kStages * kStageWeightBytes;
   static constexpr int kTableOffset = kXRingOffset + kStages * kStageXBytes;
@@ -105,8 +80,8 @@ struct Config {
   static_assert(kMTiles == 1 || kMTiles % 2 == 0, "ldmatrix.x4 loads token tiles in pairs");
   static_assert(kGroupsPerPeriod % 2 == 0, "32-wide groups come in pairs per atom");
   static_assert(kBlockM <= kMaxTokensPerBlock);
-  static_assert(kStages >= 4, "the ring must hide HBM latency");
-  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget");
+  static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
+  static_assert(kSmemBytes == kPlan.total_bytes, "the layout is the plan");
   static_assert(kXRingOffset % 16 == 0 && kStageXBytes % 16 == 0 && kTableOffset % 16 == 0,
                 "cp.async and ldmatrix need 16-byte aligned rows");
 };
