@@ -14,6 +14,7 @@ through their own sets the same way.
 
 from __future__ import annotations
 
+import argparse
 import functools
 
 import jax
@@ -126,6 +127,9 @@ def us(seconds):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--main-only", action="store_true", help="skip the second table (other formats)")
+    args = parser.parse_args()
     print(f"devices: {jax.devices()}")
     torch_peers = TorchPeers()
     dot_cache = {}
@@ -152,6 +156,8 @@ def main():
     if torch_peers.int4_error:
         print(f"torch._weight_int4pack_mm unavailable: {torch_peers.int4_error}")
 
+    if args.main_only:
+        return
     n, k = SHAPES[0]
     rows = []
     for group_size, zero_point, dtype, act_order in [

@@ -19,8 +19,9 @@
 // fragment order; the last CTA of a tile to arrive (ticket counter, zeroed in-stream by a memset) sums
 // them in split order — deterministic, no host sync, CUDA-graph safe.
 //
-// Pipelines (every thread takes every role, one __syncthreads per stage):
-//  * main ring, kStages deep, one stage = one 64-wide K atom: each lane cp.async's its own two 16-byte
+// Pipelines (every thread takes every role, one __syncthreads per two stages):
+//  * main ring, kStages deep, one stage = one 64-wide K atom, refilled two at a time (kStages - 2 atoms
+//    in flight while two are computed): each lane cp.async's its own two 16-byte
 //    fragment words (16 rows x 64 k of W in fragment order, L2::evict_first: read exactly once), and
 //    the CTA copies the X tile (rows x 64 k, 16-byte cp.async) into a padded, ldmatrix-friendly row.
 //  * scale periods: scales and zeros of 4 groups at a time (raw (N, K/G) layout, 2-byte loads, so any
@@ -60,6 +61,7 @@ constexpr int kMaxTokensPerBlock = 64;
 constexpr int64_t kMaxK = int64_t{1} << 24;         // keeps in-kernel offsets in 32 bits
 constexpr int kMaxGridY = 65535;
 constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
+constexpr int kAtomsPerBarrier = 2;               // atoms computed per __syncthreads of the main loop
 
 template <int kMTiles_>
 struct Config {
@@ -81,6 +83,8 @@ struct Config {
   static_assert(kGroupsPerPeriod % 2 == 0, "32-wide groups come in pairs per atom");
   static_assert(kBlockM <= kMaxTokensPerBlock);
   static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
+  static_assert(kStages >= 2 * kAtomsPerBarrier, "two atoms computed while two are refilled");
+  static_assert(kGroupsPerPeriod * 32 >= kAtomsPerBarrier * kAtomCols, "a period spans a pair of atoms");
   static_assert(kSmemBytes == kPlan.total_bytes, "the layout is the plan");
   static_assert(kXRingOffset % 16 == 0 && kStageXBytes % 16 == 0 && kTableOffset % 16 == 0,
                 "cp.async and ldmatrix need 16-byte aligned rows");
@@ -306,7 +310,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   }
 
 #pragma unroll 1
-  for (int i = 0; i < kStages - 1; ++i) {
+  for (int i = 0; i < kStages - kAtomsPerBarrier; ++i) {
     if (i < num_atoms) issue_stage(i);
     ptx::CpAsyncCommit();
   }
@@ -367,25 +371,43 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
       kMTiles == 1 ? (lane % 8) * kXRowPitch + (lane / 8) * 16                                 // k 0..31
                    : ((lane % 8) + 8 * ((lane / 16) % 2)) * kXRowPitch + ((lane / 8) % 2) * 16;  // 2 tiles
 
-  for (int i = 0; i < num_atoms; ++i) {
-    ptx::CpAsyncWait<kStages - 2>();  // this thread's copies of stage i have landed
-    const int atom = atom_begin + i;
-    const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
-    if (static_cast<int>(local_group / kGroupsPerPeriod) != period) {  // the atom opens a new period
-      period = static_cast<int>(local_group / kGroupsPerPeriod);
-      store_period(period);
-      fetch_period(period + 1);
+  // kAtomsPerBarrier atoms per __syncthreads: atoms i0, i0 + 1 are computed while the copies of the next
+  // kStages - 2 atoms are in flight; the two slots refilled here held atoms i0 - 2, i0 - 1, which every
+  // thread finished before this barrier.
+  for (int i0 = 0; i0 < num_atoms; i0 += kAtomsPerBarrier) {
+    ptx::CpAsyncWait<kStages - 2 * kAtomsPerBarrier>();  // this thread's copies of atoms i0, i0 + 1 landed
+    // A period spans >= 2 atoms, so at most one atom of the pair opens one. Its table overwrites the
+    // buffer of the period two back, which no thread still reads: a slow thread may still be computing
+    // the previous pair, but that pair is in the period two back only when a period is 2 atoms long
+    // (32-wide groups), and then periods start at even offsets from atom_begin, i.e. at a pair's first
+    // atom, so the period two back ended before the previous pair.
+#pragma unroll
+    for (int u = 0; u < kAtomsPerBarrier; ++u) {
+      const int period_of_atom =
+          static_cast<int>((GroupOfAtom(atom_begin + i0 + u, p.group_shift) - group_first) / kGroupsPerPeriod);
+      if (i0 + u < num_atoms && period_of_atom != period) {
+        period = period_of_atom;
+        store_period(period);
+        fetch_period(period + 1);
+      }
     }
-    __syncthreads();  // stage i and the tables visible to all; stage i - 1 free for reuse
-    if (i + kStages - 1 < num_atoms) issue_stage(i + kStages - 1);
-    ptx::CpAsyncCommit();
+    __syncthreads();  // atoms i0, i0 + 1 and the tables visible to all; the slots of i0 - 2, i0 - 1 free
+#pragma unroll
+    for (int u = 0; u < kAtomsPerBarrier; ++u) {
+      if (i0 + kStages - kAtomsPerBarrier + u < num_atoms) issue_stage(i0 + kStages - kAtomsPerBarrier + u);
+      ptx::CpAsyncCommit();
+    }
     if (!warp_active) continue;
 
+#pragma unroll 1
+    for (int i = i0; i < min(i0 + kAtomsPerBarrier, num_atoms); ++i) {
+    const int atom = atom_begin + i;
+    const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
     const unsigned slot = static_cast<unsigned>(i) % kStages;
     const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
     const bool atom_ends_group = (((atom + 1) * kAtomCols) & group_mask) == 0 || atom + 1 == atom_end;
-    const int table_index =
-        (period & 1) * kTableEntries + (local_group % kGroupsPerPeriod) * kMaxBlockRows + row_in_block;
+    const int table_index = ((local_group / kGroupsPerPeriod) & 1) * kTableEntries +
+                            (local_group % kGroupsPerPeriod) * kMaxBlockRows + row_in_block;
     const uint32_t weight_addr = weight_ring + slot * kStageWeightBytes + weight_lane_offset;
     uint4 words[kTilesPerWarp];
 #pragma unroll
@@ -442,6 +464,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
           }
         }
       }
+    }
     }
   }
 
