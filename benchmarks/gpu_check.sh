@@ -23,7 +23,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # One process per test file: a kernel fault poisons its CUDA context, not the other files' runs.
   # The tests fill XLA's pool with NaN poison; CUDA graphs would then have no memory to instantiate in.
   # TEST_XLA_FLAGS="" runs them with XLA's default command buffers (checks CUDA-graph capture).
-  export XLA_FLAGS="${TEST_XLA_FLAGS---xla_gpu_enable_command_buffer=}"
+  # No autotuning: the tests compile a reference dot per shape, and only our kernels are under test.
+  export XLA_FLAGS="${TEST_XLA_FLAGS---xla_gpu_enable_command_buffer=} --xla_gpu_autotune_level=0"
   for test_file in ${TEST_FILES:-tests/gpu/test_*.py}; do
     name=$(basename "$test_file" .py)
     timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu "$test_file" --maxfail=4 -p no:cacheprovider -rf \
