@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from jax_w4a4 import nn as qnn
+from jax_w4a4.demo import default_cpu_threads, limit_cpu_threads
 from jax_w4a4.models import bert, llama, text
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
@@ -52,8 +53,9 @@ ENCODER_MODES: dict[str, Spec] = {
     "NVFP4 (weights only)": ("nvfp4", {}, {}),
     "MXFP4 (weights only)": ("mxfp4", {}, {}),
 }
-# SmolLM2's hidden size 576 = 4.5 × 128: group-128 layouts need K padded (not done yet), so the
-# W4A16 row uses group 64 on the layers with K = 576 (all but down_proj, K = 1536).
+# SmolLM2's hidden size 576 = 4.5 × 128: the W4A4 / W4A8 weights are zero-padded to the kernel's
+# multiples of 128 (jax_w4a4.SVDQuantWeights); W4A16 groups are not padded, so that row uses group 64
+# on the layers with K = 576 (all but down_proj, K = 1536).
 K576 = "re:(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj)$"
 DECODER_MODES: dict[str, Spec] = {
     "float32 (reference)": None,
@@ -85,6 +87,11 @@ def _quantized(model: nnx.Module, spec: Spec, batches, forward=None) -> nnx.Modu
     )
 
 
+def selected(label: str, modes: str | None) -> bool:
+    """Whether the row ``label`` runs: every row without ``--modes``, else those the regex finds."""
+    return modes is None or re.search(modes, label) is not None
+
+
 def _row(label: str, columns: int, fn) -> Row:
     """Runs one table row; a mode the model's shapes do not support gives a row that says why."""
     start = time.perf_counter()
@@ -98,8 +105,11 @@ def _row(label: str, columns: int, fn) -> Row:
     return Row(label, values, time.perf_counter() - start)
 
 
-def encoder_table(num_sentences: int, calibration_sentences: int, batch: int = 64) -> tuple[list[Row], str]:
-    """Rows (mean, min cosine vs float32) for every encoder mode, and a description of the data."""
+def encoder_table(
+    num_sentences: int, calibration_sentences: int, batch: int = 64, modes: str | None = None
+) -> tuple[list[Row], str]:
+    """Rows (mean, min cosine vs float32) for every encoder mode (those whose label ``modes`` matches,
+    a regex; the float32 embeddings are computed in any case), and a description of the data."""
     pool = text.sentences()
     if num_sentences + calibration_sentences > len(pool):
         raise ValueError(
@@ -132,7 +142,10 @@ def encoder_table(num_sentences: int, calibration_sentences: int, batch: int = 6
             cosine = (embeddings * reference[0]).sum(-1)
             return f"{cosine.mean():.4f}", f"{cosine.min():.4f}"
 
-        rows.append(_row(label, 2, run))
+        if spec is None or selected(label, modes):  # the float32 row always runs: the cosines need it
+            row = _row(label, 2, run)
+            if selected(label, modes):
+                rows.append(row)
     tokens = sum(int(mask.sum()) for _, mask in eval_batches)
     data = (
         f"{len(evaluation)} sentences ({tokens} tokens) of the Python {platform.python_version()} "
@@ -143,8 +156,11 @@ def encoder_table(num_sentences: int, calibration_sentences: int, batch: int = 6
     return rows, data
 
 
-def decoder_table(num_tokens: int, calibration_tokens: int, window: int = 512) -> tuple[list[Row], str]:
-    """Rows (perplexity) for every decoder mode, and a description of the data."""
+def decoder_table(
+    num_tokens: int, calibration_tokens: int, window: int = 512, modes: str | None = None
+) -> tuple[list[Row], str]:
+    """Rows (perplexity) for every decoder mode (those whose label ``modes`` matches, a regex), and a
+    description of the data."""
     tokenizer = llama.smollm2_tokenizer()
     ids = np.asarray(tokenizer.encode("\n\n".join(text.paragraphs())).ids, np.int32)
     if num_tokens + calibration_tokens > len(ids) or num_tokens < window or calibration_tokens < window:
@@ -158,6 +174,8 @@ def decoder_table(num_tokens: int, calibration_tokens: int, window: int = 512) -
     reference_model = llama.load_smollm2()
     rows = []
     for label, spec in DECODER_MODES.items():
+        if not selected(label, modes):
+            continue
 
         def run(spec=spec):
             model = _quantized(reference_model, spec, calib_batches, forward=lambda m, tokens: m(tokens))
@@ -171,10 +189,14 @@ def decoder_table(num_tokens: int, calibration_tokens: int, window: int = 512) -
     return rows, data
 
 
+def markdown_row(row: Row) -> str:
+    return f"| {row.label} | " + " | ".join(row.values) + f" | {row.seconds:.0f} |"
+
+
 def markdown(rows: list[Row], columns: tuple[str, ...]) -> str:
     head = "| mode | " + " | ".join(columns) + " | time (s) |"
     rule = "|---|" + "---:|" * (len(columns) + 1)
-    body = [f"| {r.label} | " + " | ".join(r.values) + f" | {r.seconds:.0f} |" for r in rows]
+    body = [markdown_row(r) for r in rows]
     notes = [f"* {r.label}: n/a: {r.note}" for r in rows if r.note]
     return "\n".join([head, rule, *body]) + ("\n\n" + "\n".join(notes) if notes else "")
 
@@ -210,6 +232,32 @@ def write_readme_tables(tables: dict[str, str], readme: pathlib.Path = README) -
     readme.write_text(content.rstrip() + "\n")
 
 
+def update_readme_rows(heading: str, rows: list[Row], where: str, readme: pathlib.Path = README) -> None:
+    """Replaces the lines of ``rows`` (by label) in the README table under ``### heading`` (rows run
+    alone with ``--modes``), drops their old "n/a" notes and records the partial run under the table."""
+    content = readme.read_text()
+    table_re = re.compile(rf"^### {re.escape(heading)}\n.*?(?=^#{{2,3}} |\Z)", re.DOTALL | re.MULTILINE)
+    match = table_re.search(content)
+    if match is None:
+        raise ValueError(f"--modes with --readme: README.md has no table '### {heading}' to update (run all rows)")
+    table = match.group(0)
+    for row in rows:
+        line_re = re.compile(rf"^\| {re.escape(row.label)} \|.*$", re.MULTILINE)
+        if not line_re.search(table):
+            raise ValueError(f"--modes with --readme: the README table has no row {row.label!r}")
+        table = line_re.sub(markdown_row(row).replace("\\", "\\\\"), table, count=1)  # a literal line
+        table = re.sub(rf"^\* {re.escape(row.label)}: n/a: .*\n?", "", table, flags=re.MULTILINE)
+        table = re.sub(rf"^Row {re.escape(row.label)} re-run alone .*\n?", "", table, flags=re.MULTILINE)
+        if row.note:
+            table = table.rstrip() + f"\n\n* {row.label}: n/a: {row.note}\n\n"
+        table = table.rstrip() + (
+            f"\n\nRow {row.label} re-run alone (`--modes`) on {where}: {row.seconds / 60:.0f} min.\n\n"
+        )
+    rest = content[match.end() :]
+    table = re.sub(r"\n{3,}", "\n\n", table).rstrip() + ("\n\n" if rest.strip() else "\n")
+    readme.write_text(content[: match.start()] + table + rest)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("encoder", "decoder"), help="run one table")
@@ -218,7 +266,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=20480, help="decoder evaluation tokens")
     parser.add_argument("--calibration-tokens", type=int, default=2048)
     parser.add_argument("--readme", action="store_true", help="write the tables into README.md")
+    parser.add_argument("--modes", help="run only the rows whose label this regex finds (--readme then "
+                        "updates those rows of the README's tables)")
+    parser.add_argument("--cpu-threads", type=int, default=default_cpu_threads(),
+                        help="CPUs to run on (0: all); default 1 without an NVIDIA driver (see jax_w4a4.demo)")
     args = parser.parse_args(argv)
+    limit_cpu_threads(args.cpu_threads)
 
     where = (
         f"{jax.default_backend()} ({jax.devices()[0].device_kind}; "
@@ -226,9 +279,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     tables = {}
     for name, run, heading, columns in (
-        ("encoder", lambda: encoder_table(args.sentences, args.calibration_sentences),
+        ("encoder", lambda: encoder_table(args.sentences, args.calibration_sentences, modes=args.modes),
          "Encoder: all-MiniLM-L6-v2, sentence-embedding cosine similarity vs float32", ("mean cosine", "min cosine")),
-        ("decoder", lambda: decoder_table(args.tokens, args.calibration_tokens),
+        ("decoder", lambda: decoder_table(args.tokens, args.calibration_tokens, modes=args.modes),
          "Decoder: SmolLM2-135M-Instruct, perplexity", ("perplexity",)),
     ):
         if args.only not in (None, name):
@@ -236,12 +289,14 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         rows, data = run()
         minutes = (time.perf_counter() - started) / 60
+        machine = f"{where}, {platform.machine()}, {os.cpu_count()} cores, {len(os.sched_getaffinity(0))} used"
         tables[heading] = (
-            f"{data}.\n\n{markdown(rows, columns)}\n\n"
-            f"Run on {where}, {platform.machine()}, {os.cpu_count()} cores: {minutes:.0f} min in all."
+            f"{data}.\n\n{markdown(rows, columns)}\n\nRun on {machine}: {minutes:.0f} min in all."
         )
         print(f"### {heading}\n\n{tables[heading]}\n", flush=True)
-    if args.readme:
+        if args.readme and args.modes is not None:
+            update_readme_rows(heading, rows, machine)
+    if args.readme and args.modes is None:
         write_readme_tables(tables)
 
 

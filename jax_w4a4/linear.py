@@ -29,8 +29,11 @@ def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
 
     W4A4 / W4A8 weights run the fused activation quantization then the W4A4 GEMM with the low-rank
     branch; W4A16 weights run the weight-only GEMM. On a GPU these are the CUDA kernels, elsewhere the
-    reference math. FakeQuantFP4Weights (nvfp4 / mxfp4) have no kernel: they always run as XLA ops
-    (dequantize, then an fp32 dot). Works under ``jax.jit``, ``jax.vmap`` and ``jax.export``.
+    reference math. SVDQuantWeights hold the weight zero-padded to the kernel's multiples of 128:
+    ``x`` gets zero columns up to the padded K and the output is cut back to the logical N, on every
+    platform (exact: see :class:`jax_w4a4.SVDQuantWeights`). FakeQuantFP4Weights (nvfp4 / mxfp4)
+    have no kernel: they always run as XLA ops (dequantize, then an fp32 dot). Works under
+    ``jax.jit``, ``jax.vmap`` and ``jax.export``.
     Weights placed by :func:`jax_w4a4.sharding.shard_weights` run tensor parallel (``shard_map``).
     """
     if isinstance(weights, TensorParallelWeights):
@@ -38,11 +41,13 @@ def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
         return tensor_parallel_linear(x, weights)
     if isinstance(weights, SVDQuantWeights):
         _check_input(x, weights)
+        x = weights.pad_input(x)  # the arrays are padded to the kernel's multiples (SVDQuantWeights)
         q_x, s_x, la = ops.act_quant(x, weights.smooth, weights.lora_down, act_format=weights.act_format)
-        return ops.w4a4_gemm(
+        y = ops.w4a4_gemm(
             q_x, s_x, la, weights.qweight, weights.wscales, weights.lora_up,
             weights.alpha, weights.bias, act_format=weights.act_format,
         )
+        return weights.crop_output(y)
     if isinstance(weights, W4A16Weights):
         _check_input(x, weights)
         return ops.w4a16_gemm(

@@ -9,9 +9,8 @@ branch (data-free) for the W4A4 modes.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-from collections.abc import Callable
+import math
 from typing import Literal
 
 import jax
@@ -39,6 +38,19 @@ class SVDQuantWeights:
       alpha: ``(N,)`` fp32 per-column scale of the quantized product, or None.
       bias: ``(N,)`` bias in the layer dtype, or None.
       act_format: ``"int4"``, ``"uint4"`` (non-negative inputs) or ``"fp8"`` (the w4a8 mode). Static.
+      in_padding, out_padding: zero columns / rows appended to the logical ``(N, K)`` weight so that
+        the arrays have the CUDA kernel's shape (:func:`kernel_padding`). Static.
+
+    **Padding.** The W4A4 / W4A8 kernel needs N and K to be multiples of 128 (its tile; also the fp8
+    activation group), so the arrays hold the weight zero-padded to ``(N + out_padding, K +
+    in_padding)``: zero rows of the residual, its scales, ``lora_up`` and the bias; zero rows of
+    ``lora_down``; ``smooth = 1`` on the padded columns. :func:`jax_w4a4.linear` appends zero
+    columns to ``x`` (:meth:`pad_input`) and drops the padded outputs (:meth:`crop_output`), on every
+    platform, so the reference path runs exactly the GPU's computation. Padded columns are zero in
+    both ``X`` and ``W``: they add nothing to any product, and an all-zero activation group has scale
+    0. So the result is the logical layer's, except that an fp8 group of 128 that straddles K (K =
+    576: the group ``[512, 640)``) takes its scale from its real columns only, as a group of 64.
+    ``in_features`` / ``out_features`` are the logical sizes.
     """
 
     qweight: jax.Array
@@ -49,14 +61,36 @@ class SVDQuantWeights:
     alpha: jax.Array | None = None
     bias: jax.Array | None = None
     act_format: str = dataclasses.field(default="int4", metadata=dict(static=True))
+    in_padding: int = dataclasses.field(default=0, metadata=dict(static=True))
+    out_padding: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     @property
-    def in_features(self) -> int:
+    def padded_in_features(self) -> int:
+        """K of the stored arrays (the kernel's K): ``in_features + in_padding``."""
         return self.wscales.shape[1] * svdq.GROUP_SIZE
 
     @property
-    def out_features(self) -> int:
+    def padded_out_features(self) -> int:
+        """N of the stored arrays (the kernel's N): ``out_features + out_padding``."""
         return self.wscales.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.padded_in_features - self.in_padding
+
+    @property
+    def out_features(self) -> int:
+        return self.padded_out_features - self.out_padding
+
+    def pad_input(self, x: jax.Array) -> jax.Array:
+        """``x (..., in_features)`` with ``in_padding`` zero columns appended (x itself when none)."""
+        if not self.in_padding:
+            return x
+        return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, self.in_padding)])
+
+    def crop_output(self, y: jax.Array) -> jax.Array:
+        """``y (..., padded_out_features)`` without the padded outputs (y itself when none)."""
+        return y[..., : self.out_features] if self.out_padding else y
 
     @property
     def rank(self) -> int:
@@ -168,8 +202,22 @@ _register_for_export(W4A16Weights)
 _register_for_export(FakeQuantFP4Weights)
 
 
-def _low_rank_split(w_hat: jax.Array, rank: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Top-r SVD of the smoothed weight: returns (U_r S_r, V_r, residual Ŵ − U_r S_r V_rᵀ)."""
+def kernel_padding(out_features: int, in_features: int) -> tuple[int, int]:
+    """``(out_padding, in_padding)``: the zero rows / columns that bring an ``(N, K)`` svdq weight to
+    the W4A4 / W4A8 kernel's multiples (N and K multiples of 128, its tile; 128 is also the fp8
+    activation group). Applied on every platform (:class:`SVDQuantWeights`, "Padding")."""
+    n_multiple = svdq_layout.KERNEL_N_MULTIPLE
+    k_multiple = math.lcm(svdq_layout.KERNEL_K_MULTIPLE, fp8.GROUP_SIZE, svdq.GROUP_SIZE)
+    return -out_features % n_multiple, -in_features % k_multiple
+
+
+def low_rank_split(w: jax.Array, smooth: jax.Array, rank: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The SVDQuant split of the smoothed weight ``Ŵ = W·diag(λ)`` (fp32, logical shapes).
+
+    Returns ``(U_r S_r (N, r), V_r (K, r), R = Ŵ − U_r S_r V_rᵀ (N, K))`` from the top-r SVD of Ŵ
+    (rank 0: empty factors and ``R = Ŵ``).
+    """
+    w_hat = w.astype(jnp.float32) * smooth.astype(jnp.float32)
     if rank == 0:
         n, k = w_hat.shape
         return jnp.zeros((n, 0), w_hat.dtype), jnp.zeros((k, 0), w_hat.dtype), w_hat
@@ -231,15 +279,21 @@ def quantize_linear(
             group_size=k if group_size == -1 else group_size,
         )
     checks.rank(op, "rank", rank)
-    act_group = fp8.GROUP_SIZE if mode == "w4a8" else svdq.GROUP_SIZE
-    checks.multiple_of(op, "K (w.shape[1])", k, act_group, f" for mode={mode!r}")
+    check_svdq_in_features(op, k)
     smooth = jnp.ones((k,), jnp.float32) if smooth is None else smooth.astype(jnp.float32)
     checks.shape_is(op, "smooth", smooth, (k,))
     act_format = "fp8" if mode == "w4a8" else ("uint4" if unsigned_activations else "int4")
     return build_svdquant_weights(w, bias, smooth, rank=rank, act_format=act_format, dtype=dtype)
 
 
-ResidualQuantizer = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
+def check_svdq_in_features(op: str, k: int) -> None:
+    """ValueError unless K is a multiple of the svdq weight group (64); the kernel's multiple of 128
+    and the fp8 group are reached by padding (:func:`kernel_padding`)."""
+    checks.multiple_of(
+        op, "K (w.shape[1])", k, svdq.GROUP_SIZE,
+        " (the svdq weight group; the layer is then zero-padded to the kernel's multiple of "
+        f"{svdq_layout.KERNEL_K_MULTIPLE})",
+    )
 
 
 def build_svdquant_weights(
@@ -250,13 +304,10 @@ def build_svdquant_weights(
     rank: int,
     act_format: str,
     dtype: jnp.dtype,
-    quantize_residual: ResidualQuantizer | None = None,
 ) -> SVDQuantWeights:
-    """The SVDQuant decomposition for given smoothing factors (jit-able; shapes are not re-checked).
-
-    ``Ŵ = W·diag(λ)``, top-r SVD ``Ŵ ≈ U_r S_r V_rᵀ``, ``L_down = diag(1/λ)·V_r``, ``L_up = (U_r S_r)ᵀ``,
-    residual ``R = Ŵ − U_r S_r V_rᵀ`` quantized by ``quantize_residual(R) -> (qweight, wscales)``
-    (default: round-to-nearest, :func:`jax_w4a4.formats.svdq.quantize_weights`).
+    """The SVDQuant decomposition for given smoothing factors, RTN residual (jit-able; shapes are not
+    re-checked): :func:`low_rank_split`, :func:`jax_w4a4.formats.svdq.quantize_weights`, then
+    :func:`assemble_svdquant_weights`.
 
     Args:
       w: ``(N, K)`` fp32 weights. bias: ``(N,)`` or None (cast to ``dtype``).
@@ -264,20 +315,45 @@ def build_svdquant_weights(
       rank: low-rank rank r (multiple of 16, ≤ 256, or 0). act_format: ``"int4"``, ``"uint4"``, ``"fp8"``.
       dtype: the layer's dtype (bf16 / fp16).
     """
-    if quantize_residual is None:
-        quantize_residual = functools.partial(svdq.quantize_weights, scale_dtype=dtype)
-    w = w.astype(jnp.float32)
     smooth = smooth.astype(jnp.float32)
-    us, v, residual = _low_rank_split(w * smooth, rank)
-    qweight, wscales = quantize_residual(residual)
+    us, v, residual = low_rank_split(w, smooth, rank)
+    qweight, wscales = svdq.quantize_weights(residual, scale_dtype=dtype)
+    return assemble_svdquant_weights(qweight, wscales, smooth, us, v, bias, act_format=act_format, dtype=dtype)
+
+
+def assemble_svdquant_weights(
+    qweight: jax.Array,
+    wscales: jax.Array,
+    smooth: jax.Array,
+    us: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    *,
+    act_format: str,
+    dtype: jnp.dtype,
+) -> SVDQuantWeights:
+    """:class:`SVDQuantWeights` from a quantized residual and the low-rank factors (logical shapes):
+    ``L_down = diag(1/λ)·V_r``, ``L_up = (U_r S_r)ᵀ``, every array zero-padded to the kernel's
+    multiples (:func:`kernel_padding`; ``smooth`` padded with ones) and the residual prepacked.
+
+    Args:
+      qweight: logical uint8 ``(N, K/2)`` residual. wscales: ``(N, K/64)`` in ``dtype``.
+      smooth: ``(K,)`` fp32 λ. us: ``(N, r)`` ``U_r S_r``. v: ``(K, r)`` ``V_r``. bias: ``(N,)`` or None.
+      act_format: ``"int4"``, ``"uint4"``, ``"fp8"``. dtype: the layer's dtype (bf16 / fp16).
+    """
+    n, k = wscales.shape[0], wscales.shape[1] * svdq.GROUP_SIZE
+    out_padding, in_padding = kernel_padding(n, k)
+    rows, cols = (0, out_padding), (0, in_padding)
     return SVDQuantWeights(
-        qweight=svdq_layout.prepack(qweight),
-        wscales=wscales,
-        smooth=smooth,
-        lora_down=(v / smooth[:, None]).astype(dtype),
-        lora_up=us.T.astype(dtype),
-        bias=None if bias is None else bias.astype(dtype),
+        qweight=svdq_layout.prepack(jnp.pad(qweight, (rows, (0, in_padding // 2)))),
+        wscales=jnp.pad(wscales, (rows, (0, in_padding // svdq.GROUP_SIZE))),
+        smooth=jnp.pad(smooth, cols, constant_values=1.0),
+        lora_down=jnp.pad((v / smooth[:, None]).astype(dtype), (cols, (0, 0))),
+        lora_up=jnp.pad(us.T.astype(dtype), ((0, 0), rows)),
+        bias=None if bias is None else jnp.pad(bias.astype(dtype), rows),
         act_format=act_format,
+        in_padding=in_padding,
+        out_padding=out_padding,
     )
 
 

@@ -217,11 +217,15 @@ def test_svdquant_beats_rtn_w4a4_on_outliers(rng):
     svd = q.svdquant(w, bias, x, rank=32, grid=(0.25, 0.5, 0.75))
     err_rtn, err_lr, err_svd = (_layer_err(v, x, w, bias) for v in (rtn, rtn_low_rank, svd))
     assert err_svd < 0.5 * err_rtn and err_svd < 0.7 * err_lr, (err_svd, err_lr, err_rtn)
-    # The decomposition itself: λ-smoothed low rank plus residual reproduces W.
+    # The decomposition itself: λ-smoothed low rank plus residual reproduces W (zero-padded to the
+    # kernel's (128, 128) multiples: N = 64 gets 64 zero rows).
+    n_p, k_p = svd.padded_out_features, svd.padded_in_features
+    assert (n_p, k_p, svd.out_features, svd.in_features) == (128, 256, N, K)
     recon = (np.asarray(svd.lora_down, np.float64) @ np.asarray(svd.lora_up, np.float64)).T
-    logical = svdq_layout.unprepack(svd.qweight, N, K)
+    logical = svdq_layout.unprepack(svd.qweight, n_p, k_p)
     residual = np.asarray(svdq.dequantize(logical, svd.wscales, signed=True), np.float64) / np.asarray(svd.smooth)
-    w64 = np.asarray(w, np.float64)
+    w64 = np.pad(np.asarray(w, np.float64), ((0, n_p - N), (0, 0)))
+    np.testing.assert_array_equal(recon[N:] + residual[N:], 0.0)
     assert np.linalg.norm(recon + residual - w64) / np.linalg.norm(w64) < 0.1
 
 

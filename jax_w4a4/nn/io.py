@@ -85,8 +85,8 @@ def _weights_from(name: str, entry: dict[str, Any], tensors: dict[str, np.ndarra
         raise ValueError(f"load_quantized: layer {name!r} has unknown weights type {entry['weights']!r}")
     values = {}
     for field in dataclasses.fields(cls):
-        if field.metadata.get("static"):
-            values[field.name] = entry["static"][field.name]
+        if field.metadata.get("static"):  # fields added later (the paddings) default for older files
+            values[field.name] = entry["static"].get(field.name, field.default)
         else:
             array = tensors.get(f"{name}/weights/{field.name}")
             values[field.name] = None if array is None else jnp.asarray(array)

@@ -49,9 +49,14 @@ class QuantizedLinear(nnx.Module):
     ``dtype`` when given, else the promotion of the input dtype and ``param_dtype`` (as nnx.Linear
     with ``dtype=None``).
 
+    Any ``in_features`` that is a multiple of 64 and any ``out_features`` work in the W4A4 / W4A8
+    modes: ``SVDQuantWeights`` hold the weight zero-padded to the CUDA kernel's multiples of 128, and
+    :func:`jax_w4a4.linear` pads the inputs and cuts the outputs (exact; see SVDQuantWeights), so the
+    layer keeps the logical sizes, on every platform and through save / load.
+
     Attributes:
       weights: the quantized weights (a pytree of QuantizedArray).
-      in_features, out_features, use_bias: as nnx.Linear.
+      in_features, out_features, use_bias: as nnx.Linear (the logical sizes).
       dtype: the output dtype (None: promote inputs with ``param_dtype``). param_dtype: as nnx.Linear.
       config: the :class:`jax_w4a4.quantize.QuantConfig` that produced the weights (for reports and
         checkpoints), or None.

@@ -192,11 +192,28 @@ def gptq_quantize(
     it is reduced to K for small layers. Raises ValueError when the dampened Hessian is not positive
     definite (raise ``damp``).
     """
-    w = jnp.asarray(w)
-    hessian = jnp.asarray(hessian)
+    result, ok = gptq_traceable(
+        jnp.asarray(w), jnp.asarray(hessian), grid, act_order=act_order, block_size=block_size, damp=damp
+    )
+    check_positive_definite(ok, damp)
+    return result
+
+
+def gptq_traceable(
+    w: jax.Array,
+    hessian: jax.Array,
+    grid: GroupGrid,
+    *,
+    act_order: bool = False,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    damp: float = DEFAULT_DAMP,
+) -> tuple[GPTQResult, jax.Array]:
+    """:func:`gptq_quantize` without the host check, usable inside ``jax.jit``: returns the result and
+    ``ok`` (a bool array, False when the dampened Hessian is not positive definite; the result is
+    then meaningless — pass ``ok`` to :func:`check_positive_definite` outside the jit)."""
     if w.ndim != 2:
         raise ValueError(f"w must be 2-D (N, K), got shape {tuple(w.shape)}")
-    n, k = w.shape
+    k = w.shape[1]
     if hessian.shape != (k, k):
         raise ValueError(f"hessian must have shape ({k}, {k}), got {tuple(hessian.shape)}")
     if not 0 <= damp:
@@ -214,17 +231,21 @@ def gptq_quantize(
     q, scales, zeros, perm, ok = _gptq(
         w, hessian, jnp.float32(damp), grid=grid, block_size=block_size, act_order=act_order
     )
+    scales = scales.astype(grid.dtype)
+    zeros = zeros.astype(jnp.uint8) if grid.zero_point else None
+    if not act_order:
+        return GPTQResult(q, scales, zeros, None), ok
+    inverse = jnp.argsort(perm).astype(jnp.int32)
+    return GPTQResult(q[:, inverse], scales, zeros, inverse // g), ok
+
+
+def check_positive_definite(ok: jax.Array, damp: float) -> None:
+    """Raises the ValueError of a failed Cholesky (``ok`` from :func:`gptq_traceable`)."""
     if not bool(ok):
         raise ValueError(
             f"gptq: the dampened Hessian is not positive definite (damp={damp}); raise damp or "
             "use more calibration tokens"
         )
-    scales = scales.astype(grid.dtype)
-    zeros = zeros.astype(jnp.uint8) if grid.zero_point else None
-    if not act_order:
-        return GPTQResult(q, scales, zeros, None)
-    inverse = jnp.argsort(perm).astype(jnp.int32)
-    return GPTQResult(q[:, inverse], scales, zeros, inverse // g)
 
 
 def gptq(
@@ -295,7 +316,23 @@ def gptq_svdq_residual(
     ``hessian`` is the Hessian of the residual's inputs, the *smoothed* activations ``X̂ = X/λ``.
     Returns ``(qweight uint8 (N, K/2), wscales (N, K/64))`` as :func:`jax_w4a4.formats.svdq.quantize_weights`.
     """
+    qweight, wscales, ok = gptq_svdq_residual_traceable(
+        jnp.asarray(residual), jnp.asarray(hessian), dtype=dtype, block_size=block_size, damp=damp
+    )
+    check_positive_definite(ok, damp)
+    return qweight, wscales
+
+
+def gptq_svdq_residual_traceable(
+    residual: jax.Array,
+    hessian: jax.Array,
+    *,
+    dtype: jnp.dtype,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    damp: float = DEFAULT_DAMP,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`gptq_svdq_residual` inside ``jax.jit``: ``(qweight, wscales, ok)`` (see :func:`gptq_traceable`)."""
     checks.one_of("gptq_svdq_residual", "dtype", jnp.dtype(dtype), checks.HALF_DTYPES)
     grid = GroupGrid("svdq", svdq.GROUP_SIZE, jnp.dtype(dtype))
-    result = gptq_quantize(residual, hessian, grid, block_size=block_size, damp=damp)
-    return pack_int4(result.q), result.scales
+    result, ok = gptq_traceable(residual, hessian, grid, block_size=block_size, damp=damp)
+    return pack_int4(result.q), result.scales, ok

@@ -20,13 +20,23 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_w4a4.formats import fp8, svdq
 from jax_w4a4.linear import linear
 from jax_w4a4.ops import checks
-from jax_w4a4.quantize._gptq import DEFAULT_BLOCK_SIZE, DEFAULT_DAMP, gptq_svdq_residual
+from jax_w4a4.quantize._gptq import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_DAMP,
+    check_positive_definite,
+    gptq_svdq_residual_traceable,
+)
 from jax_w4a4.quantize.calibration import Calibration, as_calibration
 from jax_w4a4.quantize.report import layer_input, reference_output, squared_error
-from jax_w4a4.weights import SVDQuantWeights, build_svdquant_weights
+from jax_w4a4.weights import (
+    SVDQuantWeights,
+    assemble_svdquant_weights,
+    build_svdquant_weights,
+    check_svdq_in_features,
+    low_rank_split,
+)
 
 DEFAULT_GRID: tuple[float, ...] = tuple(i / 10 for i in range(11))  # a = 0, 0.1, ..., 1 (one SVD each)
 ACT_FORMATS = ("auto", "int4", "uint4", "fp8")
@@ -57,8 +67,9 @@ class SmoothingSearch(NamedTuple):
     errors: np.ndarray
 
 
-@functools.partial(jax.jit, static_argnames=("rank", "act_format", "dtype"))
-def _grid_errors(w, bias, x, x_absmax, grid, *, rank, act_format, dtype):
+def _grid_search(w, bias, x, x_absmax, grid, *, rank, act_format, dtype):
+    """``(errors (len(grid),), smooth (K,))``: every grid point's relative output error (RTN residual)
+    and the smoothing factors of the first best one. Traceable; one XLA program for the whole grid."""
     y_ref = reference_output(x, w, bias)
     w_absmax = weight_absmax(w)
 
@@ -67,7 +78,47 @@ def _grid_errors(w, bias, x, x_absmax, grid, *, rank, act_format, dtype):
         weights = build_svdquant_weights(w, bias, smooth, rank=rank, act_format=act_format, dtype=dtype)
         return squared_error(linear(x, weights), y_ref)
 
-    return jnp.sqrt(lax.map(error, grid) / jnp.sum(jnp.square(y_ref)))
+    errors = jnp.sqrt(lax.map(error, grid) / jnp.sum(jnp.square(y_ref)))
+    return errors, smoothing_factors(x_absmax, w_absmax, grid[jnp.argmin(errors)])
+
+
+_STATIC = ("rank", "act_format", "dtype")
+_grid_search_jit = jax.jit(_grid_search, static_argnames=_STATIC)
+
+
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "block_size", "damp"))
+def _svdquant(w, bias, x, x_absmax, hessian, grid, *, rank, act_format, dtype, block_size, damp):
+    """The whole SVDQuant of one layer as one XLA program, compiled once per distinct layer shape and
+    options and reused by every layer that has them: the smoothing search (``grid``: None → λ = 1;
+    one point → fixed strength; else the search), the split, the residual (GPTQ on the smoothed
+    Hessian when ``hessian`` is given, else RTN) and the padded kernel layout.
+
+    Returns ``(weights, errors (len(grid),) or (0,), ok)``; ``ok`` is False when GPTQ's Cholesky failed.
+    """
+    k = w.shape[1]
+    errors = jnp.zeros((0,), jnp.float32)
+    if grid is None:
+        smooth = jnp.ones((k,), jnp.float32)
+    elif grid.shape[0] == 1:
+        smooth = smoothing_factors(x_absmax, weight_absmax(w), grid[0])
+    else:
+        errors, smooth = _grid_search(w, bias, x, x_absmax, grid, rank=rank, act_format=act_format, dtype=dtype)
+    if hessian is None:
+        weights = build_svdquant_weights(w, bias, smooth, rank=rank, act_format=act_format, dtype=dtype)
+        return weights, errors, jnp.bool_(True)
+    inv = 1.0 / smooth
+    smoothed_hessian = hessian * inv[:, None] * inv[None, :]  # Hessian of X̂ = X / λ
+    us, v, residual = low_rank_split(w, smooth, rank)
+    qweight, wscales, ok = gptq_svdq_residual_traceable(
+        residual, smoothed_hessian, dtype=dtype, block_size=block_size, damp=damp
+    )
+    weights = assemble_svdquant_weights(qweight, wscales, smooth, us, v, bias, act_format=act_format, dtype=dtype)
+    return weights, errors, ok
+
+
+def _check_errors(op: str, grid: tuple[float, ...], errors: np.ndarray) -> None:
+    if not np.all(np.isfinite(errors)):
+        checks.fail(op, f"non-finite output errors on the grid {grid}: {errors}")
 
 
 def _check_layer(op: str, w, bias, calib: Calibration, rank: int, act_format: str, dtype) -> None:
@@ -77,8 +128,7 @@ def _check_layer(op: str, w, bias, calib: Calibration, rank: int, act_format: st
     if w.ndim != 2:
         checks.fail(op, f"w must be 2-D (N, K) = (out_features, in_features), got shape {tuple(w.shape)}")
     n, k = w.shape
-    group = fp8.GROUP_SIZE if act_format == "fp8" else svdq.GROUP_SIZE
-    checks.multiple_of(op, "K (w.shape[1])", k, group, f" for act_format={act_format!r}")
+    check_svdq_in_features(op, k)
     if bias is not None:
         checks.shape_is(op, "bias", bias, (n,))
     if calib.in_features != k:
@@ -120,17 +170,13 @@ def search_smoothing(
     _check_layer(op, w, bias, calib, rank, act_format, dtype)
     grid = _check_grid(op, grid)
     act_format = resolve_act_format(act_format, calib)
-    errors = np.asarray(
-        _grid_errors(
-            w, bias, layer_input(calib.sample, dtype), calib.absmax, jnp.asarray(grid, jnp.float32),
-            rank=rank, act_format=act_format, dtype=jnp.dtype(dtype),
-        )
+    errors, smooth = _grid_search_jit(
+        w, bias, layer_input(calib.sample, dtype), calib.absmax, jnp.asarray(grid, jnp.float32),
+        rank=rank, act_format=act_format, dtype=jnp.dtype(dtype),
     )
-    if not np.all(np.isfinite(errors)):
-        checks.fail(op, f"non-finite output errors on the grid {grid}: {errors}")
-    best = int(np.argmin(errors))
-    smooth = smoothing_factors(calib.absmax, weight_absmax(w), grid[best])
-    return SmoothingSearch(grid[best], smooth, grid, errors)
+    errors = np.asarray(errors)
+    _check_errors(op, grid, errors)
+    return SmoothingSearch(grid[int(np.argmin(errors))], smooth, grid, errors)
 
 
 def svdquant(
@@ -169,19 +215,18 @@ def svdquant(
     _check_layer(op, w, bias, calib, rank, act_format, dtype)
     dtype = jnp.dtype(dtype)
     act_format = resolve_act_format(act_format, calib)
-    if grid is None:
-        smooth = jnp.ones((w.shape[1],), jnp.float32)
-    elif len(_check_grid(op, grid)) == 1:
-        smooth = smoothing_factors(calib.absmax, weight_absmax(w), grid[0])
-    else:
-        smooth = search_smoothing(w, bias, calib, rank=rank, grid=grid, act_format=act_format, dtype=dtype).smooth
-    quantize_residual = None
-    if residual == "gptq":
-        inv = 1.0 / smooth
-        hessian = calib.hessian() * inv[:, None] * inv[None, :]  # Hessian of X̂ = X / λ
-        quantize_residual = functools.partial(
-            gptq_svdq_residual, hessian=hessian, dtype=dtype, block_size=block_size, damp=damp
-        )
-    return build_svdquant_weights(
-        w, bias, smooth, rank=rank, act_format=act_format, dtype=dtype, quantize_residual=quantize_residual
+    grid = None if grid is None else _check_grid(op, grid)
+    search = grid is not None and len(grid) > 1
+    weights, errors, ok = _svdquant(
+        w, bias,
+        layer_input(calib.sample, dtype) if search else None,
+        None if grid is None else calib.absmax,
+        calib.hessian() if residual == "gptq" else None,
+        None if grid is None else jnp.asarray(grid, jnp.float32),
+        rank=rank, act_format=act_format, dtype=dtype, block_size=block_size, damp=damp,
     )
+    if search:
+        _check_errors(op, grid, np.asarray(errors))
+    if residual == "gptq":
+        check_positive_definite(ok, damp)
+    return weights
