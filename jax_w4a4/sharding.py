@@ -42,19 +42,20 @@ algorithm (rank-0 partial GEMMs, one fused all-reduce, L_up once) is a choice no
 propagation derives, the placement is carried as metadata: :func:`shard_weights` returns a
 :class:`TensorParallelWeights` pytree (the local weights + static mesh, axis and style).
 
-**Automatic partitioning (how and why).** :func:`jax_w4a4.linear` dispatches a
-:class:`TensorParallelWeights` to :func:`tensor_parallel_linear`, so under plain ``jax.jit`` (or
-``nnx.jit``) with weights placed by :func:`shard_weights` / :func:`shard_model` the layer partitions
-itself: a ``shard_map`` manual over the tensor axis only. We chose this over
-``jax.experimental.custom_partitioning`` with a Shardy rule because (1) the w4a16 tail row cannot
-be described as a sharding of the global prepacked array (no einsum-style factor covers
-``N/16 + 1`` rows), so a layout change and its metadata are needed anyway; (2) the row-parallel
-lowering (partials without L_up / β, one all-reduce) must be chosen explicitly, which a
-custom_partitioning callback would do too, but only after Shardy guessed operand shardings that the
-callback then has to override; (3) shard_map is a stable public API, works the same with Shardy (the
-default in jax 0.11) and GSPMD, and keeps ``jax.export`` / vmap behaviour of the primitives
-unchanged. The cost: a plain ``SVDQuantWeights`` placed by hand with ``NamedSharding`` is not
-recognised (it runs as an ordinary op, XLA gathers it); use :func:`shard_weights`.
+**Two paths.** This module is the *explicit* one: :func:`jax_w4a4.linear` dispatches a
+:class:`TensorParallelWeights` to :func:`tensor_parallel_linear`, a ``shard_map`` manual over the
+tensor axis only, so under plain ``jax.jit`` (or ``nnx.jit``) weights placed by :func:`shard_weights` /
+:func:`shard_model` run tensor parallel whatever the partitioner. The *automatic* path needs no
+placement helper: plain ``SVDQuantWeights`` / ``W4A16Weights`` whose arrays the user placed with
+``NamedSharding`` partition themselves under ``jax.jit``, through the Shardy sharding rules and
+``custom_partitioning`` callbacks of :mod:`jax_w4a4.ops.partitioning` (why that mechanism, and why at
+the primitives' lowering: see there). Both run the same per-shard code (the row-parallel partial
+GEMMs, psums and L_up / β of :func:`~jax_w4a4.ops.partitioning.w4a4_row_shard` /
+:func:`~jax_w4a4.ops.partitioning.w4a16_row_shard`) and cost the same: no weight all-gather, one
+all-reduce per row layer. The explicit path keeps two things the automatic one cannot have: the w4a16
+re-layout above (by hand, ``qweight``'s rows stay replicated and each call copies its share) and the
+pair (partial, LA) summed by one ``psum`` by construction (the automatic path relies on XLA's
+all-reduce combiner for that).
 
 Alignment (checked at placement, ValueError naming the argument): column needs N a multiple of
 ``64 S`` (svdq) / ``16 S`` (w4a16); row needs K a multiple of ``64 S`` (int4 / uint4), ``128 S``
@@ -70,11 +71,11 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jax_w4a4 import ops, reference
-from jax_w4a4.formats import fp8, svdq, svdq_layout, w4a16_layout
+from jax_w4a4 import ops
+from jax_w4a4.formats import svdq_layout, w4a16_layout
+from jax_w4a4.ops import partitioning
 from jax_w4a4.weights import SVDQuantWeights, W4A16Weights
 
 Style = Literal["column", "row"]
@@ -140,7 +141,7 @@ def _check_alignment(weights: ShardableWeights, style: str, shards: int) -> None
         if style == "column":
             _check_multiple("N (out_features)", n, svdq_layout.BLOCK_N, shards, "64-row svdq blocks")
         else:
-            act_group = fp8.GROUP_SIZE if weights.act_format == "fp8" else svdq.GROUP_SIZE
+            act_group = partitioning.act_group(weights.act_format)
             _check_multiple(
                 "K (in_features)", k, act_group, shards,
                 f"{act_group}-wide {weights.act_format} activation groups",
@@ -157,17 +158,13 @@ def _check_alignment(weights: ShardableWeights, style: str, shards: int) -> None
 
 def _column_w4a16_qweight(qweight: jax.Array, shards: int) -> jax.Array:
     """Global prepacked ``(nb + 1, 2K)`` -> per-shard arrays (row blocks + tail copy) stacked on rows."""
-    blocks = qweight[:-1].reshape(shards, -1, qweight.shape[1])
-    tail = jnp.broadcast_to(qweight[-1], (shards, 1, qweight.shape[1]))
-    return jnp.concatenate([blocks, tail], axis=1).reshape(-1, qweight.shape[1])
+    return jnp.concatenate([partitioning.w4a16_shard_rows(qweight, s, shards) for s in range(shards)])
 
 
 def _row_w4a16_qweight(qweight: jax.Array, k: int, shards: int) -> jax.Array:
     """Global prepacked ``(nb + 1, 2K)`` without act-order -> the same shape whose tail row holds, in
     every shard's word slice, the identity permutation of the shard's ``K/S`` columns (flag 0)."""
-    local_k = k // shards
-    local_tail = jnp.zeros((2 * local_k,), jnp.int32).at[:local_k].set(jnp.arange(local_k, dtype=jnp.int32))
-    return qweight.at[-1].set(jnp.tile(local_tail, shards))
+    return qweight.at[-1].set(jnp.tile(partitioning.w4a16_identity_tail(k // shards), shards))
 
 
 def _specs(weights: ShardableWeights, style: str, axis: str) -> ShardableWeights:
@@ -234,21 +231,15 @@ def shard_weights(
 
 def _row_parallel_local(x: jax.Array, w: ShardableWeights, axis: str) -> jax.Array:
     """One shard of a row-parallel layer: partial products, one fp32 all-reduce, L_up and β once."""
-    out_dtype = w.dtype
-    if isinstance(w, SVDQuantWeights):
+    if isinstance(w, SVDQuantWeights):  # (K is not padded: the alignment of K makes it a multiple of 128)
         q_x, s_x, la = ops.act_quant(x, w.smooth, w.lora_down, act_format=w.act_format)
-        partial = ops.w4a4_gemm(
-            q_x, s_x, la[..., :0], w.qweight, w.wscales, w.lora_up[:0], w.alpha, None, act_format=w.act_format
-        )
-        acc, la = lax.psum((partial.astype(jnp.float32), la), axis)
-        if w.rank:
-            acc = acc + reference._lowrank(la, w.lora_up, out_dtype)
-    else:
-        partial = ops.w4a16_gemm(x, w.qweight, w.scales, w.zeros, None, None, group_size=w.group_size)
-        acc = lax.psum(partial.astype(jnp.float32), axis)
-    if w.bias is not None:
-        acc = acc + w.bias.astype(jnp.float32)
-    return acc.astype(out_dtype)
+        return w.crop_output(partitioning.w4a4_row_shard(
+            ops.w4a4_gemm, q_x, s_x, la, w.qweight, w.wscales, w.lora_up, w.alpha, w.bias,
+            act_format=w.act_format, axes=(axis,), la_summed=False,
+        ))
+    return partitioning.w4a16_row_shard(
+        ops.w4a16_gemm, x, w.qweight, w.scales, w.zeros, None, w.bias, group_size=w.group_size, axes=(axis,)
+    )
 
 
 def _axes_of(spec: tuple) -> set[str]:

