@@ -179,7 +179,7 @@ def decoder_table(
 
         def run(spec=spec):
             model = _quantized(reference_model, spec, calib_batches, forward=lambda m, tokens: m(tokens))
-            return (f"{llama.perplexity(model, evaluation, window=window):.3f}",)
+            return (f"{llama.perplexity(model, evaluation, window=window, mesh='auto'):.3f}",)
 
         rows.append(_row(label, 1, run))
     data = (

@@ -160,9 +160,9 @@ def smollm2_demo(args: argparse.Namespace) -> None:
     prompt = jnp.asarray([tokenizer.encode(llama.chat_prompt(args.prompt)).ids])
     print(f"prompt: {args.prompt}")
     for name, model in (("float32", reference), (_describe(args), quantized)):
-        ppl = llama.perplexity(model, evaluation, window=window)
+        ppl = llama.perplexity(model, evaluation, window=window, mesh="auto")
         new, seconds = _timed(
-            lambda m, p: llama.generate(m, p, max_new_tokens=args.new_tokens), model, prompt, repeats=1
+            lambda m, p: llama.generate(m, p, max_new_tokens=args.new_tokens, mesh="auto"), model, prompt, repeats=1
         )
         answer = np.asarray(new[0]).tolist()
         if model.config.eos_token_id in answer:

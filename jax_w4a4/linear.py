@@ -34,7 +34,9 @@ def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
     platform (exact: see :class:`jax_w4a4.SVDQuantWeights`). FakeQuantFP4Weights (nvfp4 / mxfp4)
     have no kernel: they always run as XLA ops (dequantize, then an fp32 dot). Works under
     ``jax.jit``, ``jax.vmap`` and ``jax.export``.
-    Weights placed by :func:`jax_w4a4.sharding.shard_weights` run tensor parallel (``shard_map``).
+    Weights placed by :func:`jax_w4a4.sharding.shard_weights` run tensor parallel (``shard_map``);
+    weights placed by hand with ``NamedSharding`` partition themselves under ``jax.jit`` (each op's
+    Shardy rule, :mod:`jax_w4a4.ops.partitioning`): column, row or data parallel, weights not moved.
     """
     if isinstance(weights, TensorParallelWeights):
         _check_input(x, weights)
