@@ -21,19 +21,29 @@ from jax_w4a4.formats import svdq, svdq_layout, w4a16, w4a16_layout
 RANK = 32
 
 
-def _w4a4(m: int, n: int, k: int):
-    key = jax.random.key(m + n + k)
-    kx, kw, ks, kd, ku = jax.random.split(key, 5)
+def _w4a4_setup(n: int, k: int, key: jax.Array):
+    """The jitted act_quant (rank 32, int4) and random prepacked weights (prepacked, wscales, lora_up)."""
+    kw, ks, kd, ku = jax.random.split(key, 4)
     smooth = jax.random.uniform(ks, (k,), jnp.float32, 0.5, 2.0)
     lora_down = (jax.random.normal(kd, (k, RANK)) / np.sqrt(k)).astype(jnp.bfloat16)
-    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
     qweight, wscales = jax.jit(svdq.quantize_weights, static_argnames="scale_dtype")(
         jax.random.normal(kw, (n, k)) / np.sqrt(k), scale_dtype=jnp.bfloat16)
     prepacked = jax.jit(svdq_layout.prepack)(qweight)
     lora_up = (jax.random.normal(ku, (RANK, n)) / np.sqrt(RANK)).astype(jnp.bfloat16)
     quantize = jax.jit(lambda x: ops.act_quant(x, smooth, lora_down, act_format="int4"))
-    gemm = jax.jit(lambda a, b, c: ops.w4a4_gemm(a, b, c, prepacked, wscales, lora_up, act_format="int4"))
-    return lambda: gemm(*quantize(x))
+    return quantize, (prepacked, wscales, lora_up)
+
+
+def _w4a4_gemm(acts, prepacked, wscales, lora_up):
+    return ops.w4a4_gemm(*acts, prepacked, wscales, lora_up, act_format="int4")
+
+
+def _w4a4(m: int, n: int, k: int):
+    key = jax.random.key(m + n + k)
+    quantize, weights = _w4a4_setup(n, k, key)
+    x = jax.random.normal(jax.random.fold_in(key, 1), (m, k), jnp.bfloat16)
+    gemm = jax.jit(_w4a4_gemm)
+    return lambda: gemm(quantize(x), *weights)
 
 
 def _w4a16(m: int, n: int, k: int):
@@ -46,22 +56,14 @@ def _w4a16(m: int, n: int, k: int):
     return lambda: gemm(x)
 
 
-def _w4a4_chain():
+def _w4a4_chain(m: int = 1, n: int = 28672, k: int = 8192):
     """The benchmark harness's chain (4 calls) around the decode GEMM: shows every kernel XLA runs per call."""
     from benchmarks import harness
 
     key = jax.random.key(3)
-    n, k = 28672, 8192
-    smooth = jnp.ones((k,), jnp.float32)
-    lora_down = (jax.random.normal(key, (k, RANK)) / np.sqrt(k)).astype(jnp.bfloat16)
-    qweight, wscales = jax.jit(svdq.quantize_weights, static_argnames="scale_dtype")(
-        jax.random.normal(key, (n, k)) / np.sqrt(k), scale_dtype=jnp.bfloat16)
-    prepacked = jax.jit(svdq_layout.prepack)(qweight)
-    lora_up = (jax.random.normal(key, (RANK, n)) / np.sqrt(RANK)).astype(jnp.bfloat16)
-    acts = [jax.jit(lambda x: ops.act_quant(x, smooth, lora_down, act_format="int4"))(
-        jax.random.normal(jax.random.fold_in(key, i), (1, k), jnp.bfloat16)) for i in range(4)]
-    gemm = lambda a, w, s, u: ops.w4a4_gemm(*a, w, s, u, act_format="int4")  # noqa: E731
-    return lambda: harness.time_jax(gemm, [(a, prepacked, wscales, lora_up) for a in acts], calls=4, trials=1)
+    quantize, weights = _w4a4_setup(n, k, key)
+    acts = [quantize(jax.random.normal(jax.random.fold_in(key, i), (m, k), jnp.bfloat16)) for i in range(4)]
+    return lambda: harness.time_jax(_w4a4_gemm, [(a, *weights) for a in acts], calls=4, trials=1)
 
 
 CASES = {
