@@ -401,70 +401,70 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
 
 #pragma unroll 1
     for (int i = i0; i < min(i0 + kAtomsPerBarrier, num_atoms); ++i) {
-    const int atom = atom_begin + i;
-    const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
-    const unsigned slot = static_cast<unsigned>(i) % kStages;
-    const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
-    const bool atom_ends_group = (((atom + 1) * kAtomCols) & group_mask) == 0 || atom + 1 == atom_end;
-    const int table_index = ((local_group / kGroupsPerPeriod) & 1) * kTableEntries +
-                            (local_group % kGroupsPerPeriod) * kMaxBlockRows + row_in_block;
-    const uint32_t weight_addr = weight_ring + slot * kStageWeightBytes + weight_lane_offset;
-    uint4 words[kTilesPerWarp];
+      const int atom = atom_begin + i;
+      const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
+      const unsigned slot = static_cast<unsigned>(i) % kStages;
+      const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
+      const bool atom_ends_group = (((atom + 1) * kAtomCols) & group_mask) == 0 || atom + 1 == atom_end;
+      const int table_index = ((local_group / kGroupsPerPeriod) & 1) * kTableEntries +
+                              (local_group % kGroupsPerPeriod) * kMaxBlockRows + row_in_block;
+      const uint32_t weight_addr = weight_ring + slot * kStageWeightBytes + weight_lane_offset;
+      uint4 words[kTilesPerWarp];
 #pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
-    const uint32_t x_addr = x_ring + slot * Cfg::kStageXBytes + x_lane_offset;
+      for (int t = 0; t < kTilesPerWarp; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
+      const uint32_t x_addr = x_ring + slot * Cfg::kStageXBytes + x_lane_offset;
 
-    uint32_t xk32[4];  // kMTiles == 1: B fragments of two k16 steps
+      uint32_t xk32[4];  // kMTiles == 1: B fragments of two k16 steps
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if ((j == 0 && atom_starts_group) || (group32 && j == 2)) {  // a group starts
-        const int index = table_index + (j == 2 ? kMaxBlockRows : 0);
+      for (int j = 0; j < 4; ++j) {
+        if ((j == 0 && atom_starts_group) || (group32 && j == 2)) {  // a group starts
+          const int index = table_index + (j == 2 ? kMaxBlockRows : 0);
+#pragma unroll
+          for (int t = 0; t < kTilesPerWarp; ++t) {
+            sub[t].row_lo = subtrahend_table[index + t * kAtomRows];
+            sub[t].row_hi = subtrahend_table[index + t * kAtomRows + 8];
+            scale[t][0] = scale_table[index + t * kAtomRows];
+            scale[t][1] = scale_table[index + t * kAtomRows + 8];
+          }
+        }
+        uint32_t xb[kMTiles][2];
+        if constexpr (kMTiles == 1) {
+          if (j % 2 == 0) ptx::LdMatrixX4(xk32, x_addr + j * 32);
+          xb[0][0] = xk32[(j % 2) * 2];
+          xb[0][1] = xk32[(j % 2) * 2 + 1];
+        } else {
+#pragma unroll
+          for (int pair = 0; pair < kMTiles / 2; ++pair) {
+            uint32_t r[4];
+            ptx::LdMatrixX4(r, x_addr + pair * 16 * kXRowPitch + j * 32);
+            xb[2 * pair][0] = r[0];
+            xb[2 * pair][1] = r[1];
+            xb[2 * pair + 1][0] = r[2];
+            xb[2 * pair + 1][1] = r[3];
+          }
+        }
 #pragma unroll
         for (int t = 0; t < kTilesPerWarp; ++t) {
-          sub[t].row_lo = subtrahend_table[index + t * kAtomRows];
-          sub[t].row_hi = subtrahend_table[index + t * kAtomRows + 8];
-          scale[t][0] = scale_table[index + t * kAtomRows];
-          scale[t][1] = scale_table[index + t * kAtomRows + 8];
+          uint32_t a[4];
+          Dequantize<T>(Word(words[t], j), sub[t], a);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) ptx::Mma16816<T>(part[t][mt], a, xb[mt][0], xb[mt][1]);
         }
-      }
-      uint32_t xb[kMTiles][2];
-      if constexpr (kMTiles == 1) {
-        if (j % 2 == 0) ptx::LdMatrixX4(xk32, x_addr + j * 32);
-        xb[0][0] = xk32[(j % 2) * 2];
-        xb[0][1] = xk32[(j % 2) * 2 + 1];
-      } else {
+        const bool group_ends = j == 3 ? atom_ends_group : (group32 && j == 1);
+        if (group_ends) {  // promotion: acc += s · partial, in fp32
 #pragma unroll
-        for (int pair = 0; pair < kMTiles / 2; ++pair) {
-          uint32_t r[4];
-          ptx::LdMatrixX4(r, x_addr + pair * 16 * kXRowPitch + j * 32);
-          xb[2 * pair][0] = r[0];
-          xb[2 * pair][1] = r[1];
-          xb[2 * pair + 1][0] = r[2];
-          xb[2 * pair + 1][1] = r[3];
-        }
-      }
+          for (int t = 0; t < kTilesPerWarp; ++t) {
 #pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) {
-        uint32_t a[4];
-        Dequantize<T>(Word(words[t], j), sub[t], a);
+            for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) ptx::Mma16816<T>(part[t][mt], a, xb[mt][0], xb[mt][1]);
-      }
-      const bool group_ends = j == 3 ? atom_ends_group : (group32 && j == 1);
-      if (group_ends) {  // promotion: acc += s · partial, in fp32
-#pragma unroll
-        for (int t = 0; t < kTilesPerWarp; ++t) {
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              acc[t][mt][e] = fmaf(scale[t][e / 2], part[t][mt][e], acc[t][mt][e]);
-              part[t][mt][e] = 0.f;
+              for (int e = 0; e < 4; ++e) {
+                acc[t][mt][e] = fmaf(scale[t][e / 2], part[t][mt][e], acc[t][mt][e]);
+                part[t][mt][e] = 0.f;
+              }
             }
           }
         }
       }
-    }
     }
   }
 
