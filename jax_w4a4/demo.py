@@ -78,6 +78,17 @@ def _describe(args: argparse.Namespace) -> str:
     return f"{args.mode}" + (f" ({options})" if options else "")
 
 
+def _quantize(reference: nnx.Module, batches: list, args: argparse.Namespace, **forward) -> nnx.Module:
+    """A quantized copy of ``reference`` (every nnx.Linear in the demo's mode), with its time printed."""
+    start = time.perf_counter()
+    quantized = qnn.quantize_model(
+        nnx.clone(reference), batches, default_mode=args.mode, default_options=_options(args), progress=False,
+        **forward,
+    )
+    print(f"quantized every nnx.Linear to {_describe(args)} in {time.perf_counter() - start:.1f} s")
+    return quantized
+
+
 def _compile_embed(model: nnx.Module, ids: jax.Array, mask: jax.Array):
     """``model.embed`` compiled ahead of time for these shapes: ``(compiled(state, ids, mask), state,
     seconds)``, so that the timed call is pure execution."""
@@ -110,12 +121,7 @@ def minilm_demo(args: argparse.Namespace) -> None:
     print(f"data: {len(evaluation)} sentences ({int(mask.sum())} tokens, padded to {ids.shape[1]}) "
           f"of the Python docs; calibration on {len(calibration)} other sentences\n")
 
-    start = time.perf_counter()
-    quantized = qnn.quantize_model(
-        nnx.clone(reference), calib_batches, default_mode=args.mode, default_options=_options(args),
-        progress=False,
-    )
-    print(f"quantized every nnx.Linear to {_describe(args)} in {time.perf_counter() - start:.1f} s")
+    quantized = _quantize(reference, calib_batches, args)
 
     rows = []
     for name, model in (("float32", reference), (_describe(args), quantized)):
@@ -151,12 +157,8 @@ def smollm2_demo(args: argparse.Namespace) -> None:
     print("model: SmolLM2-135M-Instruct (30 layers, hidden 576, 210 nnx.Linear; GGUF weights as float32)")
     print(f"data: perplexity on {len(evaluation)} tokens of the Python docs; calibration on "
           f"{calibration.size} other tokens\n")
-    start = time.perf_counter()
-    quantized = qnn.quantize_model(
-        nnx.clone(reference), [jnp.asarray(calibration)], default_mode=args.mode,
-        default_options=_options(args), forward=lambda model, tokens: model(tokens), progress=False,
-    )
-    print(f"quantized every nnx.Linear to {_describe(args)} in {time.perf_counter() - start:.1f} s\n")
+    quantized = _quantize(reference, [jnp.asarray(calibration)], args, forward=lambda model, tokens: model(tokens))
+    print()
     prompt = jnp.asarray([tokenizer.encode(llama.chat_prompt(args.prompt)).ids])
     print(f"prompt: {args.prompt}")
     for name, model in (("float32", reference), (_describe(args), quantized)):
