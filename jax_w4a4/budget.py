@@ -164,12 +164,15 @@ def act_quant_plan(block_rows: int, rank_cap: int) -> ActQuantPlan:
 @dataclasses.dataclass(frozen=True)
 class W4a16Plan:
     """The sm90 w4a16 GEMM plan of one token tile (csrc/kernels/sm90/w4a16_gemm_plan.h): per ring stage
-    (one 64-wide K atom) 8 KB of prepacked weights and the X tile; fixed scale tables and ticket flag;
-    ``ctas_per_sm`` CTAs designed to share an SM."""
+    (one 64-wide K atom) 512 B of prepacked weights per m16 tile (8 warps x ``tiles_per_warp`` tiles)
+    and the X tile; a fixed double-buffered scale table and the ticket flag; ``ctas_per_sm`` CTAs
+    designed to share an SM."""
 
     m_tiles: int
     block_m: int
     ctas_per_sm: int
+    tiles_per_warp: int
+    block_rows: int
     stages: int
     stage_weight_bytes: int
     stage_x_bytes: int
@@ -182,7 +185,7 @@ class W4a16Plan:
     fits: bool
 
 
-_W4A16_FIELDS = 12
+_W4A16_FIELDS = 14
 
 
 def w4a16_m_tiles() -> list[int]:

@@ -10,7 +10,8 @@ from jax_w4a4 import budget
 from jax_w4a4.budget import Lifetime, Sharing
 
 TOKEN_OPERANDS = ("activations", "activation scales", "LA chunk (fp32")
-PRIVATE_OPERANDS = ("weights", "weight scales", "L_up chunk", "LA chunk (16-bit", "alpha, beta", "output tile")
+PRIVATE_OPERANDS = ("weights", "weight scales", "L_up chunk", "LA chunk (16-bit", "alpha, beta", "output tile",
+                    "offset correction")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,9 @@ def test_a_cluster_buys_no_shared_memory(pair):
     assert clustered.total_bytes == single.total_bytes
 
 
-@pytest.mark.parametrize("shape", [(128, 16, 1, 64), (128, 32, 1, 64), (128, 64, 2, 64), (128, 128, 2, 32)])
+@pytest.mark.parametrize(
+    "shape", [(128, 8, 1, 64), (128, 16, 1, 64), (128, 32, 1, 64), (128, 64, 2, 64), (128, 128, 2, 32)]
+)
 def test_instantiated_plans_fit_and_are_tight(shape):
     plan = budget.w4a4_plan(*shape)
     assert plan.total_bytes <= budget.SMEM_PER_BLOCK
@@ -93,9 +96,20 @@ def test_stage_bytes_follow_the_tile():
     assert plan.object("LA chunk (fp32").bytes == 32 * 64 * 4
 
 
+@pytest.mark.parametrize(
+    "tile_m,cluster,decode", [(8, 1, True), (16, 1, True), (32, 1, True), (64, 2, False), (128, 2, False)]
+)
+def test_offset_correction_operand_only_in_decode_tiles(tile_m, cluster, decode):
+    """Decode tiles keep the correction wgmmas' constant A tile (64 rows x k32 of e4m3) for the kernel's
+    lifetime; prefill tiles convert weights exactly and hold none."""
+    correction = budget.w4a4_plan(128, tile_m, cluster).object("offset correction")
+    assert correction.bytes == (64 * 32 if decode else 0)
+    assert correction.stages == 1 and correction.lifetime == Lifetime.KERNEL and correction.sharing == Sharing.PRIVATE
+
+
 def test_table_lists_every_instantiated_plan():
     text = budget.table()
-    assert text.count("w4a4_gemm sm90:") == 4
+    assert text.count("w4a4_gemm sm90:") == 5
     assert "DOES NOT FIT" not in text
 
 
@@ -158,13 +172,16 @@ def test_table_lists_act_quant_plans():
 def test_w4a16_plans_add_up_fit_and_are_tight():
     plans = [budget.w4a16_plan(m) for m in budget.w4a16_m_tiles()]
     assert [p.m_tiles for p in plans] == [1, 2, 4, 8]
+    # Up to 8 tokens a warp owns 4 m16 tiles, past that 2 (their accumulators and partials fill the registers).
+    assert [p.tiles_per_warp for p in plans] == [4, 2, 2, 2]
     for p in plans:
         assert p.block_m == 8 * p.m_tiles
-        assert p.stage_weight_bytes == 8 * 1024  # 8 warps x 2 m16 tiles x 512 B of one 64-wide atom
+        assert p.block_rows == 8 * p.tiles_per_warp * 16
+        assert p.stage_weight_bytes == p.block_rows * 64 // 2  # one 64-wide atom of every row, int4
         assert p.stage_x_bytes == p.block_m * 144
         assert p.stage_bytes == p.stage_weight_bytes + p.stage_x_bytes
         assert p.ring_bytes == p.stages * p.stage_bytes
-        assert p.scale_tables_bytes == 2 * 2 * 4 * 256 * 4  # 2 tables x 2 buffers x 4 groups x 256 rows
+        assert p.scale_tables_bytes == 2 * 4 * p.block_rows * 4  # 2 buffers x 4 groups x rows x (16-bit sub, scale)
         assert p.total_bytes == p.ring_bytes + p.scale_tables_bytes + p.flag_bytes
         assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
         assert p.fits and 4 <= p.stages <= 16

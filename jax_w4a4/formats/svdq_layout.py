@@ -16,7 +16,8 @@ offline ("prepacked") so that this load is exactly the thread's fragment:
   ``16 j + 4 t + 2 (p & 1) + {0, 1}`` of the block (low nibble = even column, as in the logical layout;
   the nibbles are not re-encoded, the bytes are only permuted).
 * The kernel turns word ``j`` into two fragment registers, ``o = 2 j`` from its low 16 bits and
-  ``o = 2 j + 1`` from its high 16 bits (4 nibbles -> 4 e4m3 bytes each, a ``prmt`` table lookup).
+  ``o = 2 j + 1`` from its high 16 bits (4 nibbles -> 4 e4m3 bytes each: a ``prmt`` table lookup of
+  ``q`` for prefill tiles, the offset code ``q + 8`` read as e4m3 ``(q + 8)·2^-9`` for decode tiles).
   Registers ``o = 4 s .. 4 s + 3`` are the A fragment of k-step ``s`` (k in ``[32 s, 32 s + 32)``),
   in the PTX ISA order of the wgmma ``.m64nNk32`` 8-bit A fragment: register ``r`` holds row
   ``16 w + g + 8 (r & 1)``, columns ``32 s + 16 (r >> 1) + 4 t + {0..3}``.

@@ -130,6 +130,15 @@ def test_every_group_size_with_act_order(group_size):
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, group_size != 64, dtype, True, True)
 
 
+@pytest.mark.parametrize("n", [96, 1056])
+def test_rows_not_a_multiple_of_a_warps_tiles(n):
+    """N % 64 == 32: up to 16 tokens a warp owns four m16 tiles (64 rows), so the last warp holds only
+    one valid pair of tiles (it loads that pair twice and stores it once)."""
+    k = 1024
+    for m, dtype in ((1, BF16), (16, FP16), (33, BF16)):
+        run_and_compare(activations((m,), k, dtype, seed=m), n, k, 64, True, dtype, False, True)
+
+
 def test_leading_dims_and_small_split_k():
     """x (..., K): the leading dims are flattened; 4096 x 4096 runs split-K over 8 CTAs per tile."""
     x = activations((2, 3), 4096, BF16)

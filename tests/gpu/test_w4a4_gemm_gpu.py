@@ -35,9 +35,12 @@ ROWS_CHECKED = 128  # rows compared against the CPU reference when M is large (a
 # (M, N, K, rank, α/β, dtype, act_format): M in {1, 7, 64, 333, 4096} plus tile-edge M's, every (N, K) of
 # the brief, ranks {0, 16, 32, 128}; one act_format per case, all three formats over the list.
 CASES = [
-    (1, 3072, 3072, 16, True, BF16, "int4"),         # 16-token tile, partial low-rank chunk
-    (7, 14336, 4096, 0, False, BF16, "fp8"),         # 16-token tile, masked tail, no low rank, no α/β
+    (1, 3072, 3072, 16, True, BF16, "int4"),         # 8-token tile, partial low-rank chunk
+    (7, 14336, 4096, 0, False, BF16, "fp8"),         # 8-token tile, masked tail, no low rank, no α/β
     (7, 128, 128, 16, True, F16, "uint4"),           # smallest shape: one K stage, one column tile
+    (13, 4096, 4096, 32, True, BF16, "fp8"),         # 16-token tile, masked tail
+    (16, 3072, 3072, 16, False, F16, "int4"),        # 16-token tile, full
+    (9, 128, 128, 0, True, BF16, "uint4"),           # 16-token tile, one K stage, no low rank
     (20, 28672, 1024, 32, True, F16, "int4"),        # 32-token tile, 224 column tiles: 2 per CTA
     (40, 4096, 4096, 128, False, BF16, "uint4"),     # 64-token tile (cluster): second half partly past M
     (64, 12288, 3072, 32, True, F16, "fp8"),         # 64-token tile, full

@@ -12,21 +12,22 @@
 // fp32 FMA per element: acc += s · partial. (MARLIN instead rounds (q − z)·s to bf16, a 2^-9 relative
 // error per weight.) The only roundings are fp32 accumulation and the final cast, like the reference.
 //
-// Work split. A CTA owns `warps` x 32 rows of W (4..8 warps, each warp 32 rows = two m16 tiles) and a
-// K range (split-K over `splits` CTAs), chosen on the host so one wave covers the 132 SMs (x 2 CTAs
-// per SM up to 16 tokens). Tokens beyond
+// Work split. A CTA owns `warps` warps of W rows (up to 8 tokens a warp owns four m16 tiles = 64 rows,
+// so the X fragments, the loop and the barrier serve twice the weights; beyond, two tiles, since the
+// accumulators fill the registers) and a K range (split-K over `splits` CTAs), chosen on the host so
+// one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). Tokens beyond
 // 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to scratch in MMA
 // fragment order; the last CTA of a tile to arrive (ticket counter, zeroed in-stream by a memset) sums
 // them in split order — deterministic, no host sync, CUDA-graph safe.
 //
-// Pipelines (every thread takes every role, one __syncthreads per two stages):
-//  * main ring, kStages deep, one stage = one 64-wide K atom, refilled two at a time (kStages - 2 atoms
-//    in flight while two are computed): each lane cp.async's its own two 16-byte
-//    fragment words (16 rows x 64 k of W in fragment order, L2::evict_first: read exactly once), and
+// Pipelines (every thread takes every role, one __syncthreads per stage):
+//  * main ring, kStages deep, one stage = one 64-wide K atom (kStages - 1 atoms in flight while one is
+//    computed): each lane cp.async's its own 16-byte fragment word per m16 tile
+//    (16 rows x 64 k of W in fragment order, L2::evict_first: read exactly once), and
 //    the CTA copies the X tile (rows x 64 k, 16-byte cp.async) into a padded, ldmatrix-friendly row.
 //  * scale periods: scales and zeros of 4 groups at a time (raw (N, K/G) layout, 2-byte loads, so any
-//    row pitch works) are fetched into registers one period ahead; at the period switch they become
-//    two double-buffered shared tables: fp32 scales and the dequantization subtrahends −(magic + z).
+//    row pitch works) are fetched into registers one period ahead; at the period switch they become a
+//    double-buffered shared table of {16-bit −(magic + z), 16-bit scale} per row and group.
 //  * compute: per k16 step and m16 tile, lop3 + fma dequantization (the 0x6400 fp16 / 0x4300 bf16
 //    exponent tricks; no lookup tables), ldmatrix for X, mma.sync, promotion at group ends.
 //  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials, ticket, ordered reduction).
@@ -34,11 +35,16 @@
 // that order (a small kernel, scratch) and checks g_idx against the stored permutation: a mismatch
 // turns the affected columns into NaN, so a wrong g_idx can never give a plausible wrong answer.
 //
-// Shared memory per CTA (Config computes it and static_asserts it against the SM's 228 KB shared by
-// CtasPerSm CTAs, less the driver's 1 KB per CTA):
-//   kStages x (8 KB weights + M_tile x 144 B of X) + 16 KB scale tables + 16 B ticket flag
-//   = 107.3 KB (M_tile 8: 10 stages, 2 CTAs/SM), 108.3 KB (16: 9 stages, 2 CTAs/SM),
-//     216 KB (32: 16 stages, 1 CTA/SM), 220 KB (64: 12 stages, 1 CTA/SM).
+// Shared memory per CTA (W4a16Plan in w4a16_gemm_plan.h, static_assert'ed against the SM's 228 KB
+// shared by CtasPerSm CTAs, less the driver's 1 KB per CTA; python -m jax_w4a4.budget prints it):
+//   kStages x (weights of one atom + M_tile x 144 B of X) + scale table (4 B per row and group of a
+//   4-group period, double-buffered) + 16 B ticket flag
+//   = 104.1 KB (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 113.2 KB (16: 8 warps x 2 tiles,
+//     10 stages, 2 CTAs/SM), 213.0 KB (32: 16 stages, 1 CTA/SM), 217.1 KB (64: 12 stages, 1 CTA/SM).
+//
+// Measured limits (ncu, benchmarks/NOTES.md): the main loop is issue-bound with the integer pipe
+// (lop3/shf of the dequantization run at half rate) and the fp32/fp16 pipe both busy; 1 x 28672 x 8192
+// runs at ~50 us = ~2.4 TB/s.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -60,8 +66,8 @@ namespace {
 constexpr int kMaxTokensPerBlock = 64;
 constexpr int64_t kMaxK = int64_t{1} << 24;         // keeps in-kernel offsets in 32 bits
 constexpr int kMaxGridY = 65535;
+constexpr int kSaturatingWarpsPerSm = 12;         // the launcher's model: fewer warps per SM stream slower
 constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
-constexpr int kAtomsPerBarrier = 2;               // atoms computed per __syncthreads of the main loop
 
 template <int kMTiles_>
 struct Config {
@@ -69,22 +75,29 @@ struct Config {
   static constexpr int kMTiles = kMTiles_;        // n8 tiles of tokens
   static constexpr int kCtasPerSm = kPlan.ctas_per_sm;
   static constexpr int kBlockM = kPlan.block_m;   // tokens per CTA
+  static constexpr int kTilesPerWarp = kPlan.tiles_per_warp;
+  static constexpr int kWarpRows = kTilesPerWarp * kAtomRows;
+  static constexpr int kBlockRows = kPlan.block_rows;  // with kMaxWarps warps
+  static constexpr int kStageWeightBytes = kPlan.stage_weight_bytes;
   static constexpr int kStageXBytes = kPlan.stage_x_bytes;
   // X tile copies per thread and stage (16 B each; at least kMinWarps warps share them).
   static constexpr int kXCopiesPerThread = (kBlockM * 8 + kMinWarps * 32 - 1) / (kMinWarps * 32);
+  static constexpr int kTableEntries = kGroupsPerPeriod * kBlockRows;  // one buffer of the scale table
+  static constexpr int kPeriodEntriesPerThread = kGroupsPerPeriod * kWarpRows / 32;
   static constexpr int kStages = kPlan.stages;
   static constexpr int kWeightRingOffset = 0;
   static constexpr int kXRingOffset = kWeightRingOffset + kStages * kStageWeightBytes;
   static constexpr int kTableOffset = kXRingOffset + kStages * kStageXBytes;
-  static constexpr int kFlagOffset = kTableOffset + kScaleTablesBytes;
+  static constexpr int kFlagOffset = kTableOffset + kPlan.scale_tables_bytes;
   static constexpr int kSmemBytes = kFlagOffset + kFlagBytes;
 
   static_assert(kMTiles == 1 || kMTiles % 2 == 0, "ldmatrix.x4 loads token tiles in pairs");
+  static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kGroupsPerPeriod % 2 == 0, "32-wide groups come in pairs per atom");
   static_assert(kBlockM <= kMaxTokensPerBlock);
   static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
-  static_assert(kStages >= 2 * kAtomsPerBarrier, "two atoms computed while two are refilled");
-  static_assert(kGroupsPerPeriod * 32 >= kAtomsPerBarrier * kAtomCols, "a period spans a pair of atoms");
+  static_assert(kGroupsPerPeriod * 32 >= 2 * kAtomCols, "a period spans two atoms or more");
+  static_assert(kPlan.scale_tables_bytes == 2 * kTableEntries * kTableEntryBytes, "double-buffered table");
   static_assert(kSmemBytes == kPlan.total_bytes, "the layout is the plan");
   static_assert(kXRingOffset % 16 == 0 && kStageXBytes % 16 == 0 && kTableOffset % 16 == 0,
                 "cp.async and ldmatrix need 16-byte aligned rows");
@@ -179,12 +192,9 @@ __device__ __forceinline__ T FromFloat(float v) {
 // fp16: w & 0x000f000f | 0x6400 gives 1024 + q (ulp 1); w & 0x00f000f0 | 0x6400 gives 1024 + 16 q,
 //       and fma(·, 1/16, −(64 + z)) = q − z exactly: four registers from one shift. Rows g use the
 //       low-nibble path, rows g + 8 the high-nibble one, so each row has one fixed subtrahend form.
-// The subtrahends −(magic + z) are built once per scale period, into the subtrahend table.
-
-struct Subtrahends {
-  uint32_t row_lo;  // for the registers of row g
-  uint32_t row_hi;  // for the registers of row g + 8
-};
+// The subtrahends −(magic + z) are built once per scale period, into the scale table.
+// (Tried in session 3: subtracting (magic + z) with one more MMA per k16 step instead of the packed
+// FMAs. Slower: the tensor pipe then throttles issue; benchmarks/NOTES.md.)
 
 // −(magic + z) in both halves, for a row in the lower (rows 0..7) or upper (8..15) half of its m16 tile.
 template <typename T>
@@ -198,29 +208,39 @@ __device__ __forceinline__ uint32_t NegatedSubtrahend(uint32_t zero, bool upper_
 }
 
 template <typename T>
-__device__ __forceinline__ float ScaleToFloat(uint32_t bits) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-  } else {
-    return __uint_as_float(bits << 16);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void Dequantize(uint32_t w, const Subtrahends& sub, uint32_t (&a)[4]) {
+__device__ __forceinline__ void Dequantize(uint32_t w, uint32_t sub_lo, uint32_t sub_hi, uint32_t (&a)[4]) {
   if constexpr (std::is_same_v<T, __half>) {
     constexpr uint32_t kOne = 0x3C003C00u, kSixteenth = 0x2C002C00u, kMagic = 0x64006400u;
     const uint32_t shifted = w >> 8;
-    a[0] = Fma2<T>(AndOr(w, 0x000F000Fu, kMagic), kOne, sub.row_lo);
-    a[1] = Fma2<T>(AndOr(w, 0x00F000F0u, kMagic), kSixteenth, sub.row_hi);
-    a[2] = Fma2<T>(AndOr(shifted, 0x000F000Fu, kMagic), kOne, sub.row_lo);
-    a[3] = Fma2<T>(AndOr(shifted, 0x00F000F0u, kMagic), kSixteenth, sub.row_hi);
+    a[0] = Fma2<T>(AndOr(w, 0x000F000Fu, kMagic), kOne, sub_lo);
+    a[1] = Fma2<T>(AndOr(w, 0x00F000F0u, kMagic), kSixteenth, sub_hi);
+    a[2] = Fma2<T>(AndOr(shifted, 0x000F000Fu, kMagic), kOne, sub_lo);
+    a[3] = Fma2<T>(AndOr(shifted, 0x00F000F0u, kMagic), kSixteenth, sub_hi);
   } else {
     constexpr uint32_t kOne = 0x3F803F80u, kMagic = 0x43004300u;
-    a[0] = Fma2<T>(AndOr(w, 0x000F000Fu, kMagic), kOne, sub.row_lo);
-    a[1] = Fma2<T>(AndOr(w >> 4, 0x000F000Fu, kMagic), kOne, sub.row_hi);
-    a[2] = Fma2<T>(AndOr(w >> 8, 0x000F000Fu, kMagic), kOne, sub.row_lo);
-    a[3] = Fma2<T>(AndOr(w >> 12, 0x000F000Fu, kMagic), kOne, sub.row_hi);
+    a[0] = Fma2<T>(AndOr(w, 0x000F000Fu, kMagic), kOne, sub_lo);
+    a[1] = Fma2<T>(AndOr(w >> 4, 0x000F000Fu, kMagic), kOne, sub_hi);
+    a[2] = Fma2<T>(AndOr(w >> 8, 0x000F000Fu, kMagic), kOne, sub_lo);
+    a[3] = Fma2<T>(AndOr(w >> 12, 0x000F000Fu, kMagic), kOne, sub_hi);
+  }
+}
+
+// A scale table entry: the subtrahend's 16 bits (low half) and the raw 16-bit scale (high half), 4 bytes
+// per row and group, so the table leaves room for a deeper ring.
+__device__ __forceinline__ uint32_t ScaleTableEntry(uint32_t negated_subtrahend, uint32_t staged) {
+  return (negated_subtrahend & 0xFFFFu) | staged << 16;
+}
+
+__device__ __forceinline__ uint32_t EntrySubtrahend(uint32_t entry) {
+  return __byte_perm(entry, 0, 0x1010);  // the low half in both halves
+}
+
+template <typename T>
+__device__ __forceinline__ float EntryScale(uint32_t entry) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(entry >> 16)));
+  } else {
+    return __uint_as_float(entry & 0xFFFF0000u);
   }
 }
 
@@ -239,13 +259,14 @@ template <typename T, int kMTiles>
 __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W4a16GemmKernel(const KernelParams p) {
   using Cfg = Config<kMTiles>;
   constexpr int kStages = Cfg::kStages;
+  constexpr int kTiles = Cfg::kTilesPerWarp;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
   const int threads = p.warps * 32;
-  const int block_rows = p.warps * kWarpRows;
+  const int block_rows = p.warps * Cfg::kWarpRows;
   const int tile = blockIdx.x / p.splits;
   const int split = blockIdx.x % p.splits;
   const int m_block = blockIdx.y;
@@ -255,21 +276,25 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   const int atom_begin = static_cast<int>(static_cast<int64_t>(split) * p.atoms / p.splits);
   const int atom_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.atoms / p.splits);
   const int num_atoms = atom_end - atom_begin;
-  const bool warp_active = n0 + warp * kWarpRows < p.n;  // n % 32 == 0: whole warps are in or out
+  // m16 tiles of this warp inside N: 0 or a multiple of 2 (N % 32 == 0). A warp with only its first pair
+  // inside N loads that pair into the slots of the second too (no out-of-bounds reads) and stores only
+  // the first pair.
+  const int warp_tiles = max(0, min(kTiles, (p.n - n0 - warp * Cfg::kWarpRows) / kAtomRows));
+  const bool warp_active = warp_tiles > 0;
   const bool group32 = p.group_shift == 5;                // two groups per atom
   const int group_mask = (1 << p.group_shift) - 1;
 
   const uint32_t weight_ring = ptx::SharedAddress(smem + Cfg::kWeightRingOffset);
   const uint32_t x_ring = ptx::SharedAddress(smem + Cfg::kXRingOffset);
-  uint32_t* subtrahend_table = reinterpret_cast<uint32_t*>(smem + Cfg::kTableOffset);
-  float* scale_table = reinterpret_cast<float*>(smem + Cfg::kTableOffset + 2 * kTableEntries * 4);
+  uint32_t* scale_table = reinterpret_cast<uint32_t*>(smem + Cfg::kTableOffset);  // ScaleTableEntry
 
   // ---- main ring: producer side
   const uint64_t evict_first = EvictFirstPolicy();
-  const size_t row_block_bytes = static_cast<size_t>(p.atoms) * kAtomBytes;
-  const uint8_t* weight_src =
-      p.qweight + static_cast<size_t>(n0 / kAtomRows + warp * kTilesPerWarp) * row_block_bytes + lane * 16;
-  const uint32_t weight_lane_offset = (warp * kTilesPerWarp * 32 + lane) * 16;
+  const uint32_t row_block_bytes = p.atoms * kAtomBytes;  // k / 2 < 2^23
+  const uint32_t upper_pair_bytes = warp_tiles == kTiles ? 2 * row_block_bytes : 0;
+  const uint8_t* weight_src = p.qweight +
+                              static_cast<size_t>((n0 + warp * Cfg::kWarpRows) / kAtomRows) * row_block_bytes + lane * 16;
+  const uint32_t weight_lane_offset = (warp * kTiles * 32 + lane) * 16;
   const T* x_src = static_cast<const T*>(p.x) + static_cast<size_t>(m0) * p.k;
   int x_src_offset[Cfg::kXCopiesPerThread];  // element offset of this thread's 16-byte X chunks, or -1
   uint32_t x_dst_offset[Cfg::kXCopiesPerThread];
@@ -281,15 +306,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     x_dst_offset[q] = row * kXRowPitch + column * 2;
   }
 
-  auto issue_stage = [&](int i) {
+  auto issue_stage = [&](int i, int slot) {
     const int atom = atom_begin + i;
-    const unsigned slot = static_cast<unsigned>(i) % kStages;
     if (warp_active) {
-      const uint32_t dst = weight_ring + slot * kStageWeightBytes + weight_lane_offset;
-      const uint8_t* src = weight_src + static_cast<size_t>(atom) * kAtomBytes;
+      const uint32_t dst = weight_ring + slot * Cfg::kStageWeightBytes + weight_lane_offset;
+      const uint8_t* src = weight_src + atom * kAtomBytes;
 #pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) {
-        CopyAsyncStreaming(dst + t * kAtomBytes, src + t * row_block_bytes, evict_first);
+      for (int t = 0; t < kTiles; ++t) {
+        CopyAsyncStreaming(dst + t * kAtomBytes, src + (t % 2) * row_block_bytes + (t / 2) * upper_pair_bytes,
+                           evict_first);
       }
     }
     const uint32_t x_dst = x_ring + slot * Cfg::kStageXBytes;
@@ -298,6 +323,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
       if (x_src_offset[q] >= 0) CopyAsync(x_dst + x_dst_offset[q], x_src + x_src_offset[q] + atom * kAtomCols);
     }
   };
+  auto next_slot = [](int slot, int step) { return slot + step >= kStages ? slot + step - kStages : slot + step; };
 
   // Rows of the X tile past M are never copied: zero them once so their MMA columns stay finite.
   {
@@ -310,40 +336,39 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   }
 
 #pragma unroll 1
-  for (int i = 0; i < kStages - kAtomsPerBarrier; ++i) {
-    if (i < num_atoms) issue_stage(i);
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < num_atoms) issue_stage(i, i);
     ptx::CpAsyncCommit();
   }
 
-  // ---- scale periods: 8 groups of every row of the CTA, fetched one period ahead into registers,
-  // turned into the two tables (subtrahends, fp32 scales) at the switch.
+  // ---- scale periods: kGroupsPerPeriod groups of every row of the CTA, fetched one period ahead into
+  // registers (16-bit scale | zero << 16), turned into table entries at the switch.
   const int group_first = GroupOfAtom(atom_begin, p.group_shift);
   const int group_last = (atom_end * kAtomCols - 1) >> p.group_shift;
   const uint16_t* scale_bits = static_cast<const uint16_t*>(p.scales);
-  uint32_t staged_scale[kGroupsPerPeriod];
-  uint32_t staged_zero[kGroupsPerPeriod];
+  uint32_t staged[Cfg::kPeriodEntriesPerThread];
 
   auto fetch_period = [&](int period) {
 #pragma unroll
-    for (int j = 0; j < kGroupsPerPeriod; ++j) {
-      const unsigned entry = tid + j * threads;  // < 8 * block_rows
+    for (int j = 0; j < Cfg::kPeriodEntriesPerThread; ++j) {
+      const unsigned entry = tid + j * threads;  // < kGroupsPerPeriod * block_rows
       const int row = entry / kGroupsPerPeriod;
       const int group = group_first + period * kGroupsPerPeriod + entry % kGroupsPerPeriod;
       const bool valid = group <= group_last && n0 + row < p.n;
       const size_t index = static_cast<size_t>(n0 + row) * p.groups + group;
-      staged_scale[j] = valid ? __ldg(scale_bits + index) : 0u;
-      staged_zero[j] = p.zeros == nullptr ? 8u : (valid ? __ldg(p.zeros + index) : 0u);
+      const uint32_t scale = valid ? __ldg(scale_bits + index) : 0u;
+      const uint32_t zero = p.zeros == nullptr ? 8u : (valid ? __ldg(p.zeros + index) : 0u);
+      staged[j] = scale | zero << 16;
     }
   };
   auto store_period = [&](int period) {
-    const int buffer = (period & 1) * kTableEntries;
+    const int buffer = (period & 1) * Cfg::kTableEntries;
 #pragma unroll
-    for (int j = 0; j < kGroupsPerPeriod; ++j) {
+    for (int j = 0; j < Cfg::kPeriodEntriesPerThread; ++j) {
       const unsigned entry = tid + j * threads;
       const int row = entry / kGroupsPerPeriod;
-      const int index = buffer + (entry % kGroupsPerPeriod) * kMaxBlockRows + row;
-      subtrahend_table[index] = NegatedSubtrahend<T>(staged_zero[j], row % kAtomRows >= 8);
-      scale_table[index] = ScaleToFloat<T>(staged_scale[j]);
+      scale_table[buffer + (entry % kGroupsPerPeriod) * Cfg::kBlockRows + row] =
+          ScaleTableEntry(NegatedSubtrahend<T>(staged[j] >> 16, row % kAtomRows >= 8), staged[j]);
     }
   };
 
@@ -353,130 +378,119 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   fetch_period(1);
 
   // ---- compute state
-  float acc[kTilesPerWarp][kMTiles][4];
-  float part[kTilesPerWarp][kMTiles][4];
+  float acc[kTiles][kMTiles][4];
+  float part[kTiles][kMTiles][4];
 #pragma unroll
-  for (int t = 0; t < kTilesPerWarp; ++t) {
+  for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][mt][e] = part[t][mt][e] = 0.f;
     }
   }
-  Subtrahends sub[kTilesPerWarp] = {};       // of the current group, rows g and g + 8 of each tile
-  float scale[kTilesPerWarp][2] = {};
-  const int row_in_block = warp * kWarpRows + lane / 4;  // row g of tile 0; tile t adds 16 t, g + 8 adds 8
+  uint32_t sub[kTiles][2] = {};  // −(magic + z) of the current group, rows g and g + 8 of each tile
+  const int row_in_block = warp * Cfg::kWarpRows + lane / 4;  // row g of tile 0; tile t adds 16 t, g + 8 adds 8
   // ldmatrix row addresses: lanes 8q..8q+7 give the 8 rows of matrix q.
   const uint32_t x_lane_offset =
       kMTiles == 1 ? (lane % 8) * kXRowPitch + (lane / 8) * 16                                 // k 0..31
                    : ((lane % 8) + 8 * ((lane / 16) % 2)) * kXRowPitch + ((lane / 8) % 2) * 16;  // 2 tiles
 
-  // kAtomsPerBarrier atoms per __syncthreads: atoms i0, i0 + 1 are computed while the copies of the next
-  // kStages - 2 atoms are in flight; the two slots refilled here held atoms i0 - 2, i0 - 1, which every
-  // thread finished before this barrier.
-  for (int i0 = 0; i0 < num_atoms; i0 += kAtomsPerBarrier) {
-    ptx::CpAsyncWait<kStages - 2 * kAtomsPerBarrier>();  // this thread's copies of atoms i0, i0 + 1 landed
-    // A period spans >= 2 atoms, so at most one atom of the pair opens one. Its table overwrites the
-    // buffer of the period two back, which no thread still reads: a slow thread may still be computing
-    // the previous pair, but that pair is in the period two back only when a period is 2 atoms long
-    // (32-wide groups), and then periods start at even offsets from atom_begin, i.e. at a pair's first
-    // atom, so the period two back ended before the previous pair.
-#pragma unroll
-    for (int u = 0; u < kAtomsPerBarrier; ++u) {
-      const int period_of_atom =
-          static_cast<int>((GroupOfAtom(atom_begin + i0 + u, p.group_shift) - group_first) / kGroupsPerPeriod);
-      if (i0 + u < num_atoms && period_of_atom != period) {
-        period = period_of_atom;
-        store_period(period);
-        fetch_period(period + 1);
-      }
+  // One atom per __syncthreads: atom i is computed while the copies of the next kStages - 1 are in flight;
+  // the slot refilled after the barrier held atom i - 1, which every thread finished before arriving.
+  int slot = 0;                        // slot of atom i
+  int refill_slot = kStages - 1;       // slot of atom i + kStages - 1 (that of atom i - 1)
+  for (int i = 0; i < num_atoms; ++i) {
+    ptx::CpAsyncWait<kStages - 2>();   // this thread's copies of atom i landed
+    // A period spans >= 2 atoms. The table of a new period overwrites the buffer of the period two back;
+    // a thread still computing atom i - 1 reads the previous period's buffer, not that one.
+    const int atom = atom_begin + i;
+    const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
+    if (static_cast<int>(local_group / kGroupsPerPeriod) != period) {
+      period = static_cast<int>(local_group / kGroupsPerPeriod);
+      store_period(period);
+      fetch_period(period + 1);
     }
-    __syncthreads();  // atoms i0, i0 + 1 and the tables visible to all; the slots of i0 - 2, i0 - 1 free
-#pragma unroll
-    for (int u = 0; u < kAtomsPerBarrier; ++u) {
-      if (i0 + kStages - kAtomsPerBarrier + u < num_atoms) issue_stage(i0 + kStages - kAtomsPerBarrier + u);
-      ptx::CpAsyncCommit();
-    }
+    __syncthreads();  // atom i and the table visible to all; the slot of atom i - 1 free
+    if (i + kStages - 1 < num_atoms) issue_stage(i + kStages - 1, refill_slot);
+    ptx::CpAsyncCommit();
+    const int atom_slot = slot;
+    slot = next_slot(slot, 1);
+    refill_slot = next_slot(refill_slot, 1);
     if (!warp_active) continue;
 
-#pragma unroll 1
-    for (int i = i0; i < min(i0 + kAtomsPerBarrier, num_atoms); ++i) {
-      const int atom = atom_begin + i;
-      const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
-      const unsigned slot = static_cast<unsigned>(i) % kStages;
-      const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
-      const bool atom_ends_group = (((atom + 1) * kAtomCols) & group_mask) == 0 || atom + 1 == atom_end;
-      const int table_index = ((local_group / kGroupsPerPeriod) & 1) * kTableEntries +
-                              (local_group % kGroupsPerPeriod) * kMaxBlockRows + row_in_block;
-      const uint32_t weight_addr = weight_ring + slot * kStageWeightBytes + weight_lane_offset;
-      uint4 words[kTilesPerWarp];
+    const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
+    const bool atom_ends_group = (((atom + 1) * kAtomCols) & group_mask) == 0 || atom + 1 == atom_end;
+    const int table_index = ((local_group / kGroupsPerPeriod) & 1) * Cfg::kTableEntries +
+                            (local_group % kGroupsPerPeriod) * Cfg::kBlockRows + row_in_block;
+    const uint32_t weight_addr = weight_ring + atom_slot * Cfg::kStageWeightBytes + weight_lane_offset;
+    uint4 words[kTiles];
 #pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
-      const uint32_t x_addr = x_ring + slot * Cfg::kStageXBytes + x_lane_offset;
+    for (int t = 0; t < kTiles; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
+    const uint32_t x_addr = x_ring + atom_slot * Cfg::kStageXBytes + x_lane_offset;
 
-      uint32_t xk32[4];  // kMTiles == 1: B fragments of two k16 steps
+    uint32_t xk32[4];  // kMTiles == 1: B fragments of two k16 steps
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if ((j == 0 && atom_starts_group) || (group32 && j == 2)) {  // a group starts
-          const int index = table_index + (j == 2 ? kMaxBlockRows : 0);
+    for (int j = 0; j < 4; ++j) {
+      // Group j / 2 of the atom (32-wide groups) or its only group; its table entries.
+      const uint32_t* group_entries = scale_table + table_index + (group32 && j >= 2 ? Cfg::kBlockRows : 0);
+      if ((j == 0 && atom_starts_group) || (group32 && j == 2)) {  // a group starts
 #pragma unroll
-          for (int t = 0; t < kTilesPerWarp; ++t) {
-            sub[t].row_lo = subtrahend_table[index + t * kAtomRows];
-            sub[t].row_hi = subtrahend_table[index + t * kAtomRows + 8];
-            scale[t][0] = scale_table[index + t * kAtomRows];
-            scale[t][1] = scale_table[index + t * kAtomRows + 8];
-          }
+        for (int t = 0; t < kTiles; ++t) {
+          sub[t][0] = EntrySubtrahend(group_entries[t * kAtomRows]);
+          sub[t][1] = EntrySubtrahend(group_entries[t * kAtomRows + 8]);
         }
-        uint32_t xb[kMTiles][2];
-        if constexpr (kMTiles == 1) {
-          if (j % 2 == 0) ptx::LdMatrixX4(xk32, x_addr + j * 32);
-          xb[0][0] = xk32[(j % 2) * 2];
-          xb[0][1] = xk32[(j % 2) * 2 + 1];
-        } else {
+      }
+      uint32_t xb[kMTiles][2];
+      if constexpr (kMTiles == 1) {
+        if (j % 2 == 0) ptx::LdMatrixX4(xk32, x_addr + j * 32);
+        xb[0][0] = xk32[(j % 2) * 2];
+        xb[0][1] = xk32[(j % 2) * 2 + 1];
+      } else {
 #pragma unroll
-          for (int pair = 0; pair < kMTiles / 2; ++pair) {
-            uint32_t r[4];
-            ptx::LdMatrixX4(r, x_addr + pair * 16 * kXRowPitch + j * 32);
-            xb[2 * pair][0] = r[0];
-            xb[2 * pair][1] = r[1];
-            xb[2 * pair + 1][0] = r[2];
-            xb[2 * pair + 1][1] = r[3];
-          }
+        for (int pair = 0; pair < kMTiles / 2; ++pair) {
+          uint32_t r[4];
+          ptx::LdMatrixX4(r, x_addr + pair * 16 * kXRowPitch + j * 32);
+          xb[2 * pair][0] = r[0];
+          xb[2 * pair][1] = r[1];
+          xb[2 * pair + 1][0] = r[2];
+          xb[2 * pair + 1][1] = r[3];
         }
+      }
 #pragma unroll
-        for (int t = 0; t < kTilesPerWarp; ++t) {
-          uint32_t a[4];
-          Dequantize<T>(Word(words[t], j), sub[t], a);
+      for (int t = 0; t < kTiles; ++t) {
+        uint32_t a[4];
+        Dequantize<T>(Word(words[t], j), sub[t][0], sub[t][1], a);
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) ptx::Mma16816<T>(part[t][mt], a, xb[mt][0], xb[mt][1]);
-        }
-        const bool group_ends = j == 3 ? atom_ends_group : (group32 && j == 1);
-        if (group_ends) {  // promotion: acc += s · partial, in fp32
+        for (int mt = 0; mt < kMTiles; ++mt) ptx::Mma16816<T>(part[t][mt], a, xb[mt][0], xb[mt][1]);
+      }
+      const bool group_ends = j == 3 ? atom_ends_group : (group32 && j == 1);
+      if (group_ends) {  // promotion: acc += s · partial, in fp32
 #pragma unroll
-          for (int t = 0; t < kTilesPerWarp; ++t) {
+        for (int t = 0; t < kTiles; ++t) {
+          const float scale[2] = {EntryScale<T>(group_entries[t * kAtomRows]),
+                                  EntryScale<T>(group_entries[t * kAtomRows + 8])};
 #pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
+          for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                acc[t][mt][e] = fmaf(scale[t][e / 2], part[t][mt][e], acc[t][mt][e]);
-                part[t][mt][e] = 0.f;
-              }
+            for (int e = 0; e < 4; ++e) {
+              acc[t][mt][e] = fmaf(scale[e / 2], part[t][mt][e], acc[t][mt][e]);
+              part[t][mt][e] = 0.f;
             }
           }
         }
       }
     }
-  }
+}
 
   // ---- split-K: fragment-order partials, the last CTA of the tile sums them in split order
   if (p.splits > 1) {
-    const size_t slot_float4s = static_cast<size_t>(p.warps) * kTilesPerWarp * kMTiles * 32;
+    const size_t slot_float4s = static_cast<size_t>(p.warps) * kTiles * kMTiles * 32;
     float4* tile_partials =
         p.partials + static_cast<size_t>(m_block * p.n_tiles + tile) * p.splits * slot_float4s;
-    const int fragment = warp * kTilesPerWarp * kMTiles * 32 + lane;
+    const int fragment = warp * kTiles * kMTiles * 32 + lane;
     if (warp_active) {
 #pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) {
+      for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           tile_partials[split * slot_float4s + fragment + (t * kMTiles + mt) * 32] =
@@ -495,7 +509,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     __threadfence();
     if (warp_active) {
 #pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) {
+      for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -521,7 +535,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
 #pragma unroll
-  for (int t = 0; t < kTilesPerWarp; ++t) {
+  for (int t = 0; t < kTiles; ++t) {
+    if (t >= warp_tiles) break;
     const int n_lo = n0 + row_in_block + t * kAtomRows;
     const int n_hi = n_lo + 8;
     const float bias_lo = bias != nullptr ? ToFloat(bias[n_lo]) : 0.f;
@@ -574,9 +589,10 @@ int Log2(int64_t power_of_two) {
   return log;
 }
 
-// One wave over the SMs, as little work per CTA as possible (the time of a memory-bound wave is the
-// largest CTA's bytes over its share of bandwidth); ties go to more warps (latency hiding) and fewer
-// splits (less reduction traffic).
+// One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
+// largest CTA's bytes over its share of the SM's bandwidth, and an SM with fewer than
+// kSaturatingWarpsPerSm warps gets a proportionally smaller share (it cannot hide the latency). Ties go
+// to more warps and fewer splits (less reduction traffic).
 Plan MakePlan(const GemmArgs& args, int num_sms) {
   Plan plan{};
   plan.m_tiles = args.m <= 8 ? 1 : args.m <= 16 ? 2 : args.m <= 32 ? 4 : 8;
@@ -584,12 +600,14 @@ Plan MakePlan(const GemmArgs& args, int num_sms) {
   const int atoms = static_cast<int>(args.k / kAtomCols);
   int64_t best_cost = INT64_MAX;
   for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
-    const int n_tiles = CeilDiv(args.n, warps * kWarpRows);
+    const int n_tiles = CeilDiv(args.n, warps * WarpRows(plan.m_tiles));
     const int64_t tiles = static_cast<int64_t>(n_tiles) * plan.m_blocks;
     const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
     const int splits = static_cast<int>(std::clamp<int64_t>(slots / tiles, 1, atoms));
     const int64_t waves = (tiles * splits + slots - 1) / slots;
-    const int64_t cost = waves * warps * CeilDiv(atoms, splits);
+    const int64_t warps_per_sm = int64_t{warps} * CtasPerSm(plan.m_tiles);
+    const int64_t cost = waves * warps * CeilDiv(atoms, splits) * kSaturatingWarpsPerSm /
+                         std::min<int64_t>(warps_per_sm, kSaturatingWarpsPerSm);
     if (cost < best_cost) {
       best_cost = cost;
       plan.warps = warps;
@@ -614,7 +632,7 @@ Workspace LayOutWorkspace(const GemmArgs& args, const Plan& plan) {
     ws.tickets = offset;
     offset += AlignUp(sizeof(int) * plan.m_blocks * plan.n_tiles);
     ws.partials = offset;
-    offset += AlignUp(sizeof(float4) * plan.m_blocks * plan.n_tiles * plan.splits * plan.warps * kTilesPerWarp *
+    offset += AlignUp(sizeof(float4) * plan.m_blocks * plan.n_tiles * plan.splits * plan.warps * TilesPerWarp(plan.m_tiles) *
                       plan.m_tiles * 32);
   }
   if (args.g_idx != nullptr) {
@@ -694,7 +712,7 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const Plan& plan, void* workspa
 bool ShapeSupported(const GemmArgs& args) {
   const bool group_ok = args.group_size == 32 || args.group_size == 64 || args.group_size == 128 ||
                         args.group_size == args.k;
-  return args.m >= 1 && args.n >= kWarpRows && args.k >= kAtomCols && args.n % kWarpRows == 0 &&
+  return args.m >= 1 && args.n >= kRowGranule && args.k >= kAtomCols && args.n % kRowGranule == 0 &&
          args.k % kAtomCols == 0 && group_ok && args.k % args.group_size == 0 &&
          args.m <= static_cast<int64_t>(kMaxGridY) * kMaxTokensPerBlock && args.n * args.m < (int64_t{1} << 40) &&
          args.n <= (1 << 30) && args.k <= kMaxK;

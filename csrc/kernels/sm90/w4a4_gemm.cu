@@ -4,12 +4,20 @@
 //   Y[m,n] = α[n] Σ_g s_x[m,g(k)] s_w[n,g] Σ_{k∈g} x[m,k] q_w[n,k]  +  Σ_j half(LA[m,j]) L_up[j,n]  +  β[n]
 //
 // Orientation (A/B swap). A CTA computes a tile of Yᵀ: kTileN = 128 output columns (the wgmma M side,
-// 64 per consumer warpgroup) x kTileM tokens (the wgmma N side: 16, 32, 64 or 128, picked by M, so
+// 64 per consumer warpgroup) x kTileM tokens (the wgmma N side: 8, 16, 32, 64 or 128, picked by M, so
 // decode and prefill run the same kernel). The int4 weights are the A operand FROM REGISTERS: each
 // consumer thread loads its fragments of a group of 64 with one 16-byte LDS (the prepacked layout),
-// converts int4 -> e4m3 in registers (a prmt table lookup: q in [-8, 7] is exact in e4m3) and issues
-// dense wgmma m64nNk32 .e4m3.e4m3. The activations (e4m3 codes for every act_format) are the B
-// operand in shared memory, loaded by TMA with the 128-byte swizzle, K-major.
+// converts int4 -> e4m3 in registers and issues dense wgmma m64nNk32 .e4m3.e4m3. The activations
+// (e4m3 codes for every act_format) are the B operand in shared memory, loaded by TMA with the 128-byte
+// swizzle, K-major. Two conversions, picked by the token tile (W4A4OffsetWeights):
+//   prefill (64, 128 tokens): exact, a prmt table lookup (q in [-8, 7] is exact in e4m3), 11 instructions
+//     per 8 weights; the tensor cores are the bound there, so no extra wgmma.
+//   decode (8, 16, 32 tokens; issue-bound): offset codes, the byte u = q + 8 in [0, 15], which read as e4m3
+//     is exactly u·2^-9 (mask, shift, 2 prmt: 5 instructions per 8 weights). After each k32 wgmma of a
+//     unit, a correction wgmma with the same B and a constant A (every byte e4m3 0x88 = -8·2^-9, a 2 KB
+//     tile in shared memory: no registers, no instructions) adds -8·2^-9 Σ_k x, so the partial is
+//     2^-9 Σ x q (e4m3 products are exact; the tensor core's accumulation rounds as before, on partials
+//     up to ~2x larger); 2^9 is applied with α. Same B operand for int4, uint4 and fp8 activations.
 //
 // Persistent tile scheduler. grid = min(co-resident clusters, cluster tiles) x cluster CTAs; cluster
 // tile c covers one token tile and `kCluster` adjacent column tiles; CTAs walk the cluster tiles in a
@@ -44,20 +52,22 @@
 //
 // Main loop of a consumer warpgroup, per stage (2 groups of 64 k) and per slice of <= 64 tokens:
 //   unit (slice, group): two wgmma k32 into the fresh partial set part[group] (scale-d = 0 on the
-//   first), commit; wgmma.wait_group(1) retires the previous unit, which is then promoted:
-//   acc = fma(part · s_x[m], s_w[n], acc). So each promotion overlaps the next unit's wgmmas (two
-//   partial sets, wait_group(1)); the stage's last unit is promoted after wait_group(0), then the
-//   stage is released (the other consumer warpgroup's wgmmas fill the tensor cores meanwhile).
-//   Carrying that unit across the K loop's back edge would make ptxas serialize every wgmma (C7514:
-//   accumulators of a wgmma in flight across the back edge are read). 128 tokens run as 2 slices of
-//   n64 (acc 64 + 2 x 32 partial registers) instead of n128 (64 + 2 x 64: too many for 232 registers).
-// After the K loop: acc *= α (α scales the main product only); the low-rank up projection runs as
-// wgmma m64nNk16 bf16/fp16 (A = L_upᵀ chunk from shared memory, MN-major; B = the converted LA chunk)
-// into the same fp32 accumulators, every k-step of the chunk (ranks past `rank` are zero-filled in both
-// operands; a runtime trip count puts descriptor arithmetic between wgmmas and ptxas then serializes
-// every wgmma of the kernel); the epilogue adds β.
-// SASS check (cuobjdump -sass): per stage WARPGROUP.ARRIVE, QGMMA x2 per unit, DEPBAR.LE gsb0 1 between
-// units, DEPBAR 0 at the stage end; the low-rank HGMMAs chained; no local memory.
+//   first; decode: each followed by its correction wgmma), commit; wgmma.wait_group(1) retires the
+//   previous unit, which is then promoted: acc = fma(part · s_x[m], s_w[n], acc). So each promotion
+//   overlaps the next unit's wgmmas (two partial sets, wait_group(1)); the stage's last unit is promoted
+//   after wait_group(0), then the stage is released (the other consumer warpgroup's wgmmas fill the
+//   tensor cores meanwhile). Carrying that unit across the K loop's back edge would make ptxas serialize
+//   every wgmma (C7514: accumulators of a wgmma in flight across the back edge are read). 128 tokens run
+//   as 2 slices of n64 (acc 64 + 2 x 32 partial registers) instead of n128 (64 + 2 x 64: too many for
+//   232 registers).
+// After the K loop: acc *= α (α scales the main product only; decode: α·2^9, exact); the low-rank up
+// projection runs as wgmma m64nNk16 bf16/fp16 (A = L_upᵀ chunk from shared memory, MN-major; B = the
+// converted LA chunk) into the same fp32 accumulators, every k-step of the chunk (ranks past `rank` are
+// zero-filled in both operands; a runtime trip count puts descriptor arithmetic between wgmmas and ptxas
+// then serializes every wgmma of the kernel); the epilogue adds β.
+// SASS check (cuobjdump -sass): per unit WARPGROUP.ARRIVE and QGMMA x2 (decode: x4, register A and
+// shared-memory A alternating), DEPBAR.LE gsb0 n as the units retire, DEPBAR 0 at the step end; the
+// low-rank HGMMAs chained; no local memory; no "wgmma serialized" ptxas warning.
 //
 // Life of main stage s (phase bit ph = number of completed uses of s, mod 2):
 //   producer warp 0: wait empty[s] (parity ph^1: the previous use is released; a fresh barrier passes);
@@ -85,10 +95,12 @@
 // output rows the TMA store clips. An odd number of column tiles leaves the cluster's last CTA a
 // phantom tile: it issues its token half for the peer, skips its private loads, and stores nothing.
 //
-// Shared memory (W4A4Plan, python -m jax_w4a4.budget; static_assert'ed here, + 1 KB to align the base):
+// Shared memory (W4A4Plan, python -m jax_w4a4.budget; static_assert'ed here, + 1 KB to align the base;
+// decode tiles include the 2 KB correction operand, filled once by the last warpgroup at kernel start):
 //   tokens  cluster  main stages  low-rank stages  total
-//     16       1          8             2          138496 B
-//     32       1          8             2          171264 B
+//      8       1          8             2          124160 B
+//     16       1          8             2          140544 B
+//     32       1          8             2          173312 B
 //     64       2          7             2          220672 B
 //    128       2          5             2          228480 B   (of 232448)
 //
@@ -103,11 +115,19 @@
 //      int4/uint4 activations, ~65% (~1280) for fp8, before latency and memory effects. The floor
 //      asked for is 1023 (1.3x cuBLAS bf16 at 8192^3 with rank 32).
 //   decode (M <= 16, 28672 x 8192): 117 MB of int4 weights = 28 us at 4.2 TB/s; 224 column tiles on
-//      132 SMs (1.7 waves) -> ~35-40 us expected (floor: 49 us = 2.5x bf16). At 8192 x 8192 only 64
-//      CTAs stream the weights (64 column tiles): split-K would be the next step there.
-//   Cheaper conversion for later (needs the lead's go): weights stored offset, u = q + 8, make byte
-//   u = u·2^-9 in e4m3 (mask/shift, 3 instructions per 8 values) with per-(token, group) activation
-//   sums as a correction; fp8 activations could promote with 3 ops per 2 groups (s_x is per 128).
+//      132 SMs (1.7 waves); floor asked for: 49 us = 2.5x bf16. Issue-bound: SASS of one K-stage (8 KB of
+//      weights) of one consumer warp, bf16 output, int4 activations (fp8: -4 to -8):
+//        16 tokens: 232.5 instructions with the table lookup (measured 64.4 us at M = 1, ncu) -> 137
+//                   with offset codes (conversion 40 = 16 LOP3 + 8 SHF + 16 PRMT; promotion 32; scale
+//                   decode 12; LDS 8; QGMMA 8; uniform descriptor/pipe ops ~25);
+//         8 tokens: 115 (M <= 8: half the promotion and activation-scale work of the 16-token tile);
+//        32 tokens: 286.5 -> 193.5.
+//      8 warps x 137 / 4 schedulers = 274 issue clk per 8 KB: ~7 TB/s at full issue over 132 SMs, so
+//      memory-bound again at >= 60% issue efficiency (8 tokens: 230 clk). The tensor cores run 8 small
+//      wgmmas per stage per warpgroup (4 of them the corrections, whose A tile costs 2 KB of shared-memory
+//      reads each). At 8192 x 8192 only 64 CTAs stream the weights (64 column tiles): split-K would be
+//      the next step there.
+//   fp8 activations could promote with 3 ops per 2 groups (s_x is per 128).
 
 #include <cuda.h>  // CUtensorMap and its enums (types only; libcuda is reached through the runtime)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
@@ -144,6 +164,7 @@ enum PlanObject : int {
   kObjAlphaBeta,
   kObjStaging,
   kObjBarriers,
+  kObjCorrection,
 };
 
 constexpr bool StartsWith(const char* s, const char* prefix) {
@@ -177,11 +198,16 @@ struct Config {
   static constexpr int kSlices = kTileM / kSliceN;
   // K-stages a consumer issues before it drains its wgmmas, and its partial-accumulator sets. Small
   // token tiles (decode) are bound by the latency of one stage's wait-promote-release chain, not by the
-  // tensor cores: four (tile 16) or two (tile 32) stages in flight per chain; each unit then has its own
-  // partial set (8 or 16 registers). Larger tiles alternate two sets, one promoted while the other runs.
+  // tensor cores: four (tiles 8, 16) or two (tile 32) stages in flight per chain; each unit then has its
+  // own partial set (4, 8 or 16 registers). Larger tiles alternate two sets, one promoted while the other runs.
   static constexpr int kStagesPerStep = kTileM <= 16 ? 4 : kTileM <= 32 ? 2 : 1;
   static constexpr int kPartSets = kTileM <= 32 ? kStagesPerStep * kSlices * 2 : 2;
   static_assert(kPartSets <= 8, "WgmmaWaitPending covers up to 7 pending groups");
+  // Decode tiles convert the weights to offset codes (byte q + 8, Int4x8ToOffsetE4m3) and cancel the
+  // offset with two more wgmmas per unit; prefill tiles keep the exact table lookup (there the extra
+  // wgmmas would cost tensor time).
+  static constexpr bool kOffsetWeights = W4A4OffsetWeights(kShape);
+  static constexpr int kCorrectionBytes = kOffsetWeights ? kW4A4CorrectionBytes : 0;
   static constexpr int kHalfRows = kTileM / kCluster;        // token rows each CTA of the cluster issues
 
   // One buffer of each object (bytes), as the kernel uses it.
@@ -216,7 +242,8 @@ struct Config {
   static_assert(kPlan.fits(), "the shared-memory plan does not fit");
   static_assert(kSmemBytes <= budget::kSmemPerBlockSm90, "plan + base alignment exceeds 227 KB");
   static_assert(kTileN == 128, "two consumer warpgroups of 64 columns");
-  static_assert(kTileM % 16 == 0 && kTileM <= 128 && kTileM % kSliceN == 0, "token tile");
+  static_assert(kTileM % 8 == 0 && kTileM <= 128 && kTileM % kSliceN == 0, "token tile");
+  static_assert(kTileM % 16 == 0 || kTileM == 8, "the epilogue stores blocks of 16 tokens, or one of 8");
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs along N");
   static_assert(kLoraChunk == 32 || kLoraChunk == 64, "the LA B operand uses the 64- or 128-byte swizzle");
   static_assert(kShape.act_value_bits == 8, "activations are e4m3 codes");
@@ -247,6 +274,10 @@ struct Config {
   static_assert(ObjectIs(kObjBarriers, "mbarriers", kPlan.objects[kObjBarriers].bytes, 1, Sharing::kPrivate,
                          Lifetime::kKernel));
   static_assert(kBarriers * budget::kMbarrierBytes <= kPlan.objects[kObjBarriers].bytes, "mbarrier count");
+  static_assert(ObjectIs(kObjCorrection, "offset correction", kCorrectionBytes, 1, Sharing::kPrivate,
+                         Lifetime::kKernel));
+  static_assert(kCorrectionBytes == 0 || kCorrectionBytes == 16 * kConsumerThreads,
+                "one warpgroup fills the correction tile, 16 bytes a thread");
   // The byte accounting of a main stage: what the full barrier waits for is the plan's tx bytes, and
   // what this CTA's TMA issues is the plan's issue split (the scales, by cp.async, are not split).
   static_assert(kMainTmaTxBytes + kMainCpAsyncBytes == kPlan.main_stage_tx_bytes(), "main stage tx bytes");
@@ -276,7 +307,8 @@ struct Smem {
   static constexpr int64_t kActScales = kWeightScales + Footprint(kObjWeightScales);
   static constexpr int64_t kAlphaBeta = kActScales + Footprint(kObjActScales);
   static constexpr int64_t kBarriers = kAlphaBeta + Footprint(kObjAlphaBeta);
-  static constexpr int64_t kEnd = kBarriers + Footprint(kObjBarriers);
+  static constexpr int64_t kCorrection = kBarriers + Footprint(kObjBarriers);
+  static constexpr int64_t kEnd = kCorrection + Footprint(kObjCorrection);
   static_assert(kEnd == C::kPlan.total_bytes(), "layout == plan");
   static_assert(kActivations % 1024 == 0 && Stride(kObjActivations) % 1024 == 0, "swizzled B operand");
   static_assert(kLoraUp % 1024 == 0 && Stride(kObjLoraUp) % 1024 == 0, "swizzled A operand");
@@ -284,6 +316,7 @@ struct Smem {
   static_assert(kStaging % 1024 == 0 && C::kTileM * 128 % 1024 == 0, "swizzled staging, per warpgroup");
   static_assert(kLaF32 % 128 == 0 && kWeightScales % 128 == 0 && kActScales % 128 == 0 && kAlphaBeta % 128 == 0 &&
                 kBarriers % 8 == 0, "TMA / bulk-copy destinations");
+  static_assert(kCorrection % 16 == 0, "wgmma operand");
   static_assert(Stride(kObjWeights) == C::kWeightBytes && Stride(kObjLoraUp) == C::kLoraUpBytes);
 
   // Barrier indices.
@@ -462,6 +495,11 @@ __device__ __forceinline__ void FenceOperands(float (&r)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+__device__ __forceinline__ void StMatrixX2Trans(uint32_t addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};" ::"r"(addr), "r"(r0), "r"(r1)
+               : "memory");
+}
+
 __device__ __forceinline__ void StMatrixX4Trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
                "r"(r1), "r"(r2), "r"(r3)
@@ -495,7 +533,7 @@ __device__ __forceinline__ void Sts128(uint32_t addr, uint4 v) {
 
 // Shared-memory matrix descriptor of wgmma: start address, leading / stride byte offsets (16-byte
 // units), swizzle mode in bits 62-63.
-enum : uint32_t { kSwizzle128B = 1, kSwizzle64B = 2 };
+enum : uint32_t { kSwizzleNone = 0, kSwizzle128B = 1, kSwizzle64B = 2 };
 __device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
                                                  uint32_t swizzle) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(sbo_bytes >> 4) << 32) |
@@ -510,6 +548,38 @@ template <int kN>
 struct Wgmma;
 
 template <>
+struct Wgmma<8> {
+  // D[64 x N] (+)= A[64 x 32] (e4m3, registers) * B[32 x N] (e4m3, shared memory, K-major).
+  static __device__ __forceinline__ void E4m3(float (&d)[4], const uint32_t* a, uint64_t desc_b, uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  }
+  // D[64 x N] += A[64 x 32] (e4m3, shared memory, K-major) * B[32 x N] (e4m3, shared memory, K-major).
+  static __device__ __forceinline__ void E4m3Smem(float (&d)[4], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, 1, 1, 1;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(desc_a), "l"(desc_b));
+  }
+  // D[64 x N] += A[64 x 16] (16-bit, shared memory, MN-major) * B[16 x N] (16-bit, shared memory, K-major).
+  template <bool kBf16>
+  static __device__ __forceinline__ void Half(float (&d)[4], uint64_t desc_a, uint64_t desc_b) {
+    if constexpr (kBf16) {
+      asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 1, 0;\n"
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                   : "l"(desc_a), "l"(desc_b));
+    } else {
+      asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 1, 0;\n"
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                   : "l"(desc_a), "l"(desc_b));
+    }
+  }
+};
+
+template <>
 struct Wgmma<16> {
   // D[64 x N] (+)= A[64 x 32] (e4m3, registers) * B[32 x N] (e4m3, shared memory, K-major).
   static __device__ __forceinline__ void E4m3(float (&d)[8], const uint32_t* a, uint64_t desc_b, uint32_t scale_d) {
@@ -520,6 +590,14 @@ struct Wgmma<16> {
         "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  }
+  // D[64 x N] += A[64 x 32] (e4m3, shared memory, K-major) * B[32 x N] (e4m3, shared memory, K-major).
+  static __device__ __forceinline__ void E4m3Smem(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(desc_a), "l"(desc_b));
   }
   // D[64 x N] += A[64 x 16] (16-bit, shared memory, MN-major) * B[16 x N] (16-bit, shared memory, K-major).
   template <bool kBf16>
@@ -551,6 +629,14 @@ struct Wgmma<32> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  }
+  static __device__ __forceinline__ void E4m3Smem(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b));
   }
   template <bool kBf16>
   static __device__ __forceinline__ void Half(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
@@ -629,13 +715,47 @@ __device__ __forceinline__ void Int4x8ToE4m3(uint32_t w, uint32_t& lo, uint32_t&
                    select >> 16);
 }
 
+// (a & 0x0F0F0F0F) ^ flip as one LOP3: written in C++, nvcc emits and + xor (two immediates) and ptxas
+// keeps them apart; with `flip` in a register (ptxas hoists it) it is a single instruction.
+__device__ __forceinline__ uint32_t LowNibblesXor(uint32_t a, uint32_t flip) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, 0x0F0F0F0F, %2, 0x6A;" : "=r"(d) : "r"(a), "r"(flip));  // 0x6A: (a & b) ^ c
+  return d;
+}
+
+// int4 -> offset e4m3 (decode tiles): the byte u = q + 8 = q ^ 8 in [0, 15], read as e4m3, is exactly
+// u·2^-9 (u < 8: subnormal, mantissa u, 2^-9 per step; u >= 8: exponent field 1, (1 + (u - 8)/8)·2^-6).
+// The even nibbles masked in place and the odd ones shifted down give bytes (q0, q2, q4, q6) and (q1, q3,
+// q5, q7), + 8 each; two prmt interleave them into Int4x8ToE4m3's byte order: nibbles 0-3 -> `lo`, 4-7 ->
+// `hi`. 5 instructions per 8 values (LOP3, SHF + LOP3, 2 PRMT) instead of 11. The wgmma then sums
+// 2^-9 Σ x (q + 8); the correction wgmmas (A = kOffsetCorrection) and 2^9 with α turn it into Σ x q.
+// Modelled instruction by instruction in tests/test_w4a4_conversion.py.
+__device__ __forceinline__ void Int4x8ToOffsetE4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t even = LowNibblesXor(w, 0x08080808u);
+  const uint32_t odd = LowNibblesXor(w >> 4, 0x08080808u);
+  lo = __byte_perm(even, odd, 0x5140);  // even byte 0, odd byte 0, even byte 1, odd byte 1
+  hi = __byte_perm(even, odd, 0x7362);  // even byte 2, odd byte 2, even byte 3, odd byte 3
+}
+
+// The A operand of the correction wgmmas (shared memory, Smem::kCorrection): e4m3 0x88 = -2^-6 = -8·2^-9
+// in every byte, so that D += -8·2^-9 Σ_k x[m, k] cancels the offset exactly (e4m3 products are exact).
+constexpr uint32_t kOffsetCorrection = 0x88888888u;
+
 // A thread's two k32 A fragments of one group: word j of the 16-byte load -> registers 2j, 2j+1;
 // registers 0-3 are k-step 0, 4-7 k-step 1 (formats/svdq_layout.py).
+template <bool kOffset>
 __device__ __forceinline__ void WeightFragments(uint4 raw, uint32_t (&a)[8]) {
-  Int4x8ToE4m3(raw.x, a[0], a[1]);
-  Int4x8ToE4m3(raw.y, a[2], a[3]);
-  Int4x8ToE4m3(raw.z, a[4], a[5]);
-  Int4x8ToE4m3(raw.w, a[6], a[7]);
+  if constexpr (kOffset) {
+    Int4x8ToOffsetE4m3(raw.x, a[0], a[1]);
+    Int4x8ToOffsetE4m3(raw.y, a[2], a[3]);
+    Int4x8ToOffsetE4m3(raw.z, a[4], a[5]);
+    Int4x8ToOffsetE4m3(raw.w, a[6], a[7]);
+  } else {
+    Int4x8ToE4m3(raw.x, a[0], a[1]);
+    Int4x8ToE4m3(raw.y, a[2], a[3]);
+    Int4x8ToE4m3(raw.z, a[4], a[5]);
+    Int4x8ToE4m3(raw.w, a[6], a[7]);
+  }
 }
 
 template <class T>
@@ -928,6 +1048,10 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   };
 
   constexpr int kPartSets = C::kPartSets;
+  // Offset weights (decode): A operand of the correction wgmmas, the constant tile in shared memory (K-major,
+  // no swizzle; every byte is the same, so only the extent of the layout matters: 8 x 2 core matrices of
+  // 128 B, 128 B apart along k and 256 B apart along the rows = the 2 KB tile).
+  const uint64_t desc_correction = MakeSmemDesc(smem + static_cast<uint32_t>(L::kCorrection), 128, 256, kSwizzleNone);
   float acc[kSlices][kSliceN / 2];
   float part[kPartSets][kSliceN / 2];
   PipeState<C::kStages> state;
@@ -972,8 +1096,8 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       }
       const uint32_t weights =
           smem + L::kWeights + stage[j] * L::Stride(kObjWeights) + wg * 2 * kWeightBlockBytes + 16 * tid;
-      WeightFragments(Lds128(weights), a[j][0]);
-      WeightFragments(Lds128(weights + kWeightBlockBytes), a[j][1]);
+      WeightFragments<C::kOffsetWeights>(Lds128(weights), a[j][0]);
+      WeightFragments<C::kOffsetWeights>(Lds128(weights + kWeightBlockBytes), a[j][1]);
       act_scales[j] = smem + L::kActScales + stage[j] * L::Stride(kObjActScales);
       const uint64_t desc_x =
           MakeSmemDesc(smem + L::kActivations + stage[j] * L::Stride(kObjActivations), 16, 8 * C::kTileK, kSwizzle128B);
@@ -989,8 +1113,14 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         const uint32_t offset = sl * kSliceN * C::kTileK + 64 * gi;
         FenceOperands(part[u % kSets]);
         WgmmaFence();
-        Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi], desc_x + (offset >> 4), 0);
-        Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4, desc_x + ((offset + 32) >> 4), 1);
+        // Offset weights: each k-step's correction (- 8·2^-9 Σ_k x) right after it, so that the running
+        // partial never holds the uncorrected sum of both k-steps (smaller magnitudes, smaller rounding).
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          const uint64_t desc_b = desc_x + ((offset + 32 * kk) >> 4);
+          Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4 * kk, desc_b, kk);
+          if constexpr (C::kOffsetWeights) Wgmma<kSliceN>::E4m3Smem(part[u % kSets], desc_correction, desc_b);
+        }
         WgmmaCommit();
       }
     }
@@ -1026,9 +1156,15 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       MbarWait(bar.LoraConverted(s), lora_state.phase);
       if (item == 0) {
         const uint32_t affine = smem + L::kAlphaBeta + s * L::Stride(kObjAlphaBeta);
-        if (p.alpha != nullptr) {
-          const float alpha0 = __uint_as_float(Lds32(affine + 4 * column));
-          const float alpha1 = __uint_as_float(Lds32(affine + 4 * (column + 8)));
+        // Offset weights (decode) carry 2^-9 in their codes: 2^9 joins α (exact, a power of two).
+        constexpr float kCodeScale = C::kOffsetWeights ? 512.0f : 1.0f;
+        if (C::kOffsetWeights || p.alpha != nullptr) {
+          float alpha0 = kCodeScale;
+          float alpha1 = kCodeScale;
+          if (p.alpha != nullptr) {
+            alpha0 *= __uint_as_float(Lds32(affine + 4 * column));
+            alpha1 *= __uint_as_float(Lds32(affine + 4 * (column + 8)));
+          }
 #pragma unroll
           for (int sl = 0; sl < kSlices; ++sl) {
 #pragma unroll
@@ -1074,6 +1210,15 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     // ---- epilogue: + β, stmatrix (transposed: token rows of 64 columns, 128-byte swizzle), TMA store
     if (tid == 0) BulkWaitRead0();  // the previous tile's store has read the staging tile
     NamedBarrierSync(1 + wg, kConsumerThreads);
+    if constexpr (C::kTileM == 8) {
+      // One token block: matrix j = column half j of tokens 0-7; lanes 0-15 give the row addresses.
+      const float* d = acc[0];
+      const uint32_t r0 = PackHalf2<OutT>(d[0] + beta[0], d[1] + beta[0]);
+      const uint32_t r1 = PackHalf2<OutT>(d[2] + beta[1], d[3] + beta[1]);
+      const int token = lane & 7;
+      const int chunk = 2 * warp + ((lane >> 3) & 1);
+      StMatrixX2Trans(staging + token * 128 + ((chunk ^ token) << 4), r0, r1);
+    }
 #pragma unroll
     for (int pair = 0; pair < C::kTileM / 16; ++pair) {
       const int sl = pair * 16 / kSliceN;
@@ -1125,6 +1270,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       MbarInit(bar.LoraEmpty(s), C::kLoraEmptyArrivals);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  if constexpr (C::kOffsetWeights) {
+    // The correction wgmmas' constant A tile; the async proxy (wgmma) reads it after the barrier below.
+    if (threadIdx.x >= kThreads - kConsumerThreads) {
+      const uint32_t i = threadIdx.x - (kThreads - kConsumerThreads);
+      Sts128(smem + static_cast<uint32_t>(L::kCorrection) + 16 * i,
+             uint4{kOffsetCorrection, kOffsetCorrection, kOffsetCorrection, kOffsetCorrection});
+      FenceProxyAsync();
+    }
   }
   __syncthreads();
   if constexpr (C::kCluster > 1) ClusterSync();  // the peer's barriers exist before any multicast or arrive
@@ -1276,12 +1430,13 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_la, tm_up, tm_y, p);
 }
 
-// Token tile by M (the plan's kW4A4Shapes order): 16, 32, 64 (cluster 2) or 128 (cluster 2).
+// Token tile by M (the plan's kW4A4Shapes order): 8, 16, 32, 64 (cluster 2) or 128 (cluster 2).
+constexpr int kShapeCount = sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]);
 int ShapeForTokens(int64_t m) {
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i + 1 < kShapeCount; ++i) {
     if (m <= kW4A4Shapes[i].tile_m) return i;
   }
-  return 3;
+  return kShapeCount - 1;
 }
 
 template <class OutT, bool kFp8Act>
@@ -1293,13 +1448,15 @@ cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
       return LaunchShape<1, OutT, kFp8Act>(args, stream);
     case 2:
       return LaunchShape<2, OutT, kFp8Act>(args, stream);
-    default:
+    case 3:
       return LaunchShape<3, OutT, kFp8Act>(args, stream);
+    default:
+      return LaunchShape<4, OutT, kFp8Act>(args, stream);
   }
 }
 
-static_assert(sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]) == 4 && kW4A4Shapes[0].tile_m == 16 &&
-                  kW4A4Shapes[1].tile_m == 32 && kW4A4Shapes[2].tile_m == 64 && kW4A4Shapes[3].tile_m == 128,
+static_assert(kShapeCount == 5 && kW4A4Shapes[0].tile_m == 8 && kW4A4Shapes[1].tile_m == 16 &&
+                  kW4A4Shapes[2].tile_m == 32 && kW4A4Shapes[3].tile_m == 64 && kW4A4Shapes[4].tile_m == 128,
               "ShapeForTokens walks the plan's shapes by increasing token tile");
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }

@@ -23,7 +23,7 @@ namespace jax_w4a4::sm90 {
 
 struct W4A4Shape {
   int tile_n;          // output columns per CTA (wgmma M side): 64 per consumer warpgroup
-  int tile_m;          // tokens per CTA (wgmma N side), multiple of 16, ≤ 256
+  int tile_m;          // tokens per CTA (wgmma N side), multiple of 8, ≤ 256
   int cluster;         // CTAs per cluster along N (1 or 2); they multicast the token operand
   int lora_chunk;      // ranks per low-rank stage (multiple of 16)
   int act_value_bits;  // bits per activation value in shared memory (8: e4m3 codes)
@@ -34,8 +34,14 @@ inline constexpr int kW4A4WeightGroup = 64;
 inline constexpr int kW4A4MaxMainStages = 8;
 inline constexpr int kW4A4MinMainStages = 3;    // below this the MMA waits on TMA latency
 
+// Decode tiles (few tokens) are bound by the consumers' instruction issue, not by the tensor cores: they
+// convert the weights to offset codes (q + 8, cheaper) and cancel the offset with extra wgmmas whose A
+// operand is a constant e4m3 tile kept in shared memory (64 rows x k32).
+constexpr bool W4A4OffsetWeights(const W4A4Shape& s) { return s.tile_m <= 32; }
+inline constexpr int kW4A4CorrectionBytes = 64 * 32;
+
 struct W4A4Plan {
-  static constexpr int kObjects = 10;
+  static constexpr int kObjects = 11;
   W4A4Shape shape;
   int main_stages;
   int lora_stages;
@@ -99,6 +105,8 @@ constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
           {"alpha, beta (fp32)", s.tile_n * 8, lora_stages, Sharing::kPrivate, Lifetime::kLowRank, bulk},
           {"output tile staging", int64_t{s.tile_m} * s.tile_n * 2, 1, Sharing::kPrivate, Lifetime::kEpilogue, bulk},
           {"mbarriers", barriers * budget::kMbarrierBytes, 1, Sharing::kPrivate, Lifetime::kKernel, bulk},
+          {"offset correction (e4m3)", W4A4OffsetWeights(s) ? kW4A4CorrectionBytes : 0, 1,
+           Sharing::kPrivate, Lifetime::kKernel, bulk},
       }};
 }
 
@@ -120,6 +128,7 @@ constexpr W4A4Plan SolveW4A4Plan(W4A4Shape s) {
 // The shapes the kernel instantiates, by token count: decode (small tile_m, no cluster: the token operand
 // is tiny) up to prefill (128 tokens, cluster of 2 sharing them).
 inline constexpr W4A4Shape kW4A4Shapes[] = {
+    {128, 8, 1, 64, 8},
     {128, 16, 1, 64, 8},
     {128, 32, 1, 64, 8},
     {128, 64, 2, 64, 8},
