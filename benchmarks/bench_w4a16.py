@@ -7,9 +7,9 @@ faster): jnp.dot bf16 (XLA), torch cuBLAS bf16 and torch._weight_int4pack_mm (ti
 where torch is importable. A second table runs the other formats (group sizes, zero points,
 act-order, fp16) on the largest shape.
 
-Timing: benchmarks/harness.py — one jitted loop of R calls cycling through several weight sets (at
-least 3, and more than L2 holds in total), median over trials; torch peers with CUDA events, cycling
-through their own sets the same way.
+Timing: benchmarks/harness.py — one jit of R chained calls cycling through several weight sets (at
+least 3, and more than L2 holds in total), timed on the GPU by the device clock, median over trials;
+torch peers with CUDA events, cycling through their own sets the same way.
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ def main():
     parser.add_argument("--main-only", action="store_true", help="skip the second table (other formats)")
     args = parser.parse_args()
     print(f"devices: {jax.devices()}")
+    print(harness.jax_timing())
     torch_peers = TorchPeers()
     dot_cache = {}
     rows = []

@@ -160,6 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     repeats = 3 if args.quick else 7
     print(f"w4a4_gemm sm90 on {jax.devices()[0].device_kind}; torch {'absent' if torch is None else torch.__version__}")
+    print(harness.jax_timing())
     key = jax.random.key(0)
 
     prefill = [] if args.only == "decode" else PREFILL

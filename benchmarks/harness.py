@@ -2,19 +2,24 @@
 
 How we measure (design §5): median of many timed runs after warm-up, inputs rotated over sets larger
 than L2 (60 MB) so the cache does not flatter memory-bound kernels, random data (never zeros).
-JAX-level time is what a user sees: R chained calls in one jit, divided by R (dispatch amortized).
+JAX-level time: R chained calls in one jit, timed on the GPU by the library's device clock (time_jax),
+divided by R: what the GPU spends per call inside a user's jit, comparable with the torch peers' CUDA
+events.
 Peers (jnp.dot bf16, XLA fp8, torch cuBLAS) are timed in the same process, so ratios are comparable.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jax_w4a4.ops import _library
 
 PEAK_FP8_TFLOPS = 1979.0  # H200 dense fp8/int8 datasheet peak: MFU denominator
 HBM_BYTES_PER_S = 4.2e12  # measured device-to-device copy bandwidth (peers.md)
@@ -27,45 +32,94 @@ def rotations(bytes_per_set: int, minimum: int = 2, maximum: int = 8) -> int:
 
 
 def time_jax(fn: Callable, input_sets: Sequence[tuple], *, calls: int = 20, trials: int = 7) -> float:
-    """Median seconds per call of ``fn(*inputs)``, cycling ``input_sets``: the marginal cost of a call.
+    """Median seconds per call of ``fn(*inputs)`` in a jitted chain of calls, cycling ``input_sets``.
 
-    Two jitted chains run ``calls`` and ``2 * calls`` calls; the per-call time is the difference of their
-    median wall times over ``calls``. One chain's wall time also holds a fixed cost (dispatch of the jit,
-    the host waiting for the result: ~0.3-0.5 ms), which divided by ``calls`` inflated short kernels by
-    ~16 µs per call (seen by profiling every kernel of a chain with ncu, session 2); the difference
-    cancels it, so the number is what the GPU spends per call, launch gaps included.
+    On a GPU the chain is timed on the GPU itself: the library's device clock (a one-thread kernel that
+    reads %globaltimer) runs before the first call and after the last, in the same stream, so the time
+    per call is what the GPU spends per call, launch gaps included, with neither the host's dispatch
+    nor its wait for the result in it (the comparable of the torch peers' CUDA events). Without the
+    clock (no library, or a CPU) it is the marginal cost from chains of ``calls`` and ``2 * calls`` calls:
+    the difference of their median wall times over ``calls``, which cancels the jit's fixed dispatch and
+    sync cost (~0.3-0.5 ms) but is noisy (±10-20% on one row), as session 2's tables showed.
 
     Each call's first input passes through an ``optimization_barrier`` together with the previous call's
     output, so the calls run one after another and XLA can neither merge them (its dot merger fuses
     independent dots that share a weight into one GEMM, which would read the weight once for all calls)
     nor drop or hoist them. No loop: a loop's per-iteration control flow would add host round trips.
     """
+    if _device_clock_ready():
+        return _time_on_device(fn, input_sets, calls=calls, trials=trials)
+    short, long = _chain(fn, input_sets, calls), _chain(fn, input_sets, 2 * calls)
+    return max(_median_wall(long, input_sets, trials) - _median_wall(short, input_sets, trials), 0.0) / calls
 
-    def chain_of(length: int):
-        @jax.jit
-        def chain(input_sets):
-            outputs, previous = [], None
-            for i in range(length):
-                first, *rest = input_sets[i % len(input_sets)]
-                if previous is not None:
-                    first, _ = jax.lax.optimization_barrier((first, previous))
-                previous = fn(first, *rest)
-                outputs.append(jax.tree_util.tree_leaves(previous)[0].reshape(-1)[0])
-            return jnp.stack(outputs)
 
-        jax.block_until_ready(chain(input_sets))  # compile + warm up
-        return chain
+def _chain(fn: Callable, input_sets: Sequence[tuple], length: int, clock: Callable | None = None):
+    """A jitted chain of ``length`` calls, warmed up; with ``clock``, also the GPU time before and after."""
 
-    def median_wall(chain) -> float:
-        times = []
-        for _ in range(trials):
-            start = time.perf_counter()
-            jax.block_until_ready(chain(input_sets))
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
+    @jax.jit
+    def chain(input_sets):
+        outputs = []
+        previous = start = clock(jax.tree_util.tree_leaves(input_sets[0])[0]) if clock else None
+        for i in range(length):
+            first, *rest = input_sets[i % len(input_sets)]
+            if previous is not None:
+                first, _ = jax.lax.optimization_barrier((first, previous))
+            previous = fn(first, *rest)
+            outputs.append(jax.tree_util.tree_leaves(previous)[0].reshape(-1)[0])
+        stacked = jnp.stack(outputs)
+        return (stacked, start, clock(stacked)) if clock else stacked
 
-    short, long = chain_of(calls), chain_of(2 * calls)
-    return max(median_wall(long) - median_wall(short), 0.0) / calls
+    jax.block_until_ready(chain(input_sets))  # compile + warm up
+    return chain
+
+
+def _median_wall(chain, input_sets: Sequence[tuple], trials: int) -> float:
+    times = []
+    for _ in range(trials):
+        start = time.perf_counter()
+        jax.block_until_ready(chain(input_sets))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+DEVICE_CLOCK = "jax_w4a4_device_clock"
+
+
+@functools.cache
+def _device_clock_ready() -> bool:
+    """Registers the library's device clock with XLA when there is a GPU and the library has it."""
+    try:
+        on_gpu = bool(jax.devices("cuda"))
+    except RuntimeError:
+        on_gpu = False
+    lib = _library.load()
+    if not on_gpu or lib is None or DEVICE_CLOCK not in _library.compiled_targets():
+        return False
+    symbol = getattr(lib, _library.TOOL_TARGETS[DEVICE_CLOCK])
+    jax.ffi.register_ffi_target(DEVICE_CLOCK, jax.ffi.pycapsule(symbol), platform="CUDA")
+    return True
+
+
+def jax_timing() -> str:
+    """How time_jax times in this process, for the benchmark headers."""
+    if _device_clock_ready():
+        return "JAX-level times: chains of calls in one jit, timed on the GPU (device clock)"
+    return "JAX-level times: marginal host wall time of chains of calls (no device clock)"
+
+
+def _device_clock(after: jax.Array) -> jax.Array:
+    """The GPU's global timer (ns, as uint32 [low, high]) once ``after`` is computed."""
+    return jax.ffi.ffi_call(DEVICE_CLOCK, jax.ShapeDtypeStruct((2,), jnp.uint32))(after)
+
+
+def _time_on_device(fn: Callable, input_sets: Sequence[tuple], *, calls: int, trials: int) -> float:
+    chain = _chain(fn, input_sets, calls, clock=_device_clock)
+    times = []
+    for _ in range(trials):
+        _, start, end = jax.device_get(chain(input_sets))
+        ns = (int(end[1]) << 32 | int(end[0])) - (int(start[1]) << 32 | int(start[0]))
+        times.append(ns * 1e-9 / calls)
+    return float(np.median(times))
 
 
 def time_torch(fn: Callable[[int], object], n_sets: int, *, calls: int = 50, warmup: int = 10) -> float | None:

@@ -187,4 +187,5 @@ def test_library_table_matches_the_binary():
     """Every op the Python side lowers to CUDA is compiled into the library, and nothing else."""
     if _library.load() is None:
         pytest.skip("the CUDA library is not built here (no nvcc at install time)")
-    assert set(_library.compiled_targets()) == {_library.target_name(op) for op in _library.CUDA_KERNELS}
+    ops_and_tools = {_library.target_name(op) for op in _library.CUDA_KERNELS} | set(_library.TOOL_TARGETS)
+    assert set(_library.compiled_targets()) == ops_and_tools

@@ -3,5 +3,5 @@
 #include "common/ffi_util.h"
 
 extern "C" __attribute__((visibility("default"))) const char* JaxW4a4Targets() {
-  return "jax_w4a4_act_quant,jax_w4a4_w4a4_gemm,jax_w4a4_w4a16_gemm";
+  return "jax_w4a4_act_quant,jax_w4a4_w4a4_gemm,jax_w4a4_w4a16_gemm,jax_w4a4_device_clock";
 }

@@ -25,6 +25,11 @@ CUDA_KERNELS: dict[str, str] = {
 }
 
 
+# FFI targets that are not ops: the device clock the benchmarks time chains of kernels with
+# (benchmarks/harness.py). Target name -> exported handler symbol.
+TOOL_TARGETS: dict[str, str] = {"jax_w4a4_device_clock": "JaxW4a4DeviceClock"}
+
+
 def target_name(op: str) -> str:
     return f"jax_w4a4_{op}"
 
