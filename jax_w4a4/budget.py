@@ -88,6 +88,8 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4W4a16MTiles.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4W4a16Plan.restype = None
     lib.JaxW4a4W4a16Plan.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4W4a16WorkspaceBytes.restype = ctypes.c_int64
+    lib.JaxW4a4W4a16WorkspaceBytes.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2
     return lib
 
 
@@ -201,6 +203,12 @@ def w4a16_plan(m_tiles: int) -> W4a16Plan:
     _load().JaxW4a4W4a16Plan(m_tiles, out)
     values = [int(v) for v in out]
     return W4a16Plan(m_tiles, *values[:-1], bool(values[-1]))
+
+
+def w4a16_workspace_bytes(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> int:
+    """Device workspace of one w4a16 GEMM launch planned for ``num_sms`` SMs (split-K partials and
+    tickets, the act-order gather of X); -1 when the kernel does not serve the shape."""
+    return int(_load().JaxW4a4W4a16WorkspaceBytes(m, n, k, group_size, int(act_order), num_sms))
 
 
 if __name__ == "__main__":

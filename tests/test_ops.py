@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jax_w4a4
-from jax_w4a4 import ops, reference
+from jax_w4a4 import budget, ops, reference
 from jax_w4a4.formats import svdq, svdq_layout, w4a16, w4a16_layout
 from jax_w4a4.ops import _library
 
@@ -131,7 +131,11 @@ def _op_calls(rng):
     return {
         "act_quant": (functools.partial(ops.act_quant, act_format="uint4"), (x, smooth, ld), 'act_format = "uint4"'),
         "w4a4_gemm": (functools.partial(ops.w4a4_gemm, act_format="uint4"), (q, s, la, qw, ws, lu), 'act_format = "uint4"'),
-        "w4a16_gemm": (functools.partial(ops.w4a16_gemm, group_size=64), (xw, qw16, s16, z16), "group_size = 64 : i64"),
+        "w4a16_gemm": (
+            functools.partial(ops.w4a16_gemm, group_size=64),
+            (xw, qw16, s16, z16),
+            f"group_size = 64 : i64, num_sms = {_library.cuda_sm_count()} : i64",
+        ),
     }
 
 
@@ -151,6 +155,23 @@ def test_cuda_lowering_golden_or_not_implemented(rng, op):
     assert len(ours) == 1, calls
     assert "api_version = 1 : i32" in ours[0]
     assert f"mhlo.backend_config = {{{attribute}}}" in ours[0]
+
+
+def test_w4a16_lowering_adds_an_xla_allocated_workspace(rng):
+    """w4a16's split-K / act-order scratch is a second FFI result of the size the launch plan needs (so
+    the call can be captured in a CUDA graph); the primitive still returns only y."""
+    x, qw, s, z = _w4a16_operands(rng)
+    n, k = s.shape[0], x.shape[-1]
+    for m in (4, 64):
+        xm = jnp.resize(x, (m, k))
+        lowered = jax.jit(functools.partial(ops.w4a16_gemm, group_size=64)).trace(xm, qw, s, z).lower(
+            lowering_platforms=("cuda",)
+        )
+        text = lowered.as_text()
+        expected = budget.w4a16_workspace_bytes(m, n, k, 64, act_order=False, num_sms=_library.cuda_sm_count())
+        assert expected > 0  # this small layer is split over K
+        assert f"-> (tensor<{m}x{n}xbf16>, tensor<{expected}xui8>)" in text
+        assert lowered.out_info.shape == (m, n)
 
 
 def test_op_without_a_kernel_fails_at_lowering_not_at_run_time(rng, monkeypatch):

@@ -173,4 +173,12 @@ __attribute__((visibility("default"))) void JaxW4a4W4a16Plan(int m_tiles, int64_
   for (int64_t v : values) *out++ = v;
 }
 
+// Workspace bytes of one w4a16 launch planned for num_sms SMs (-1: shape not served): the FFI lowering
+// sizes the op's workspace result with it (jax_w4a4/ops/primitives.py).
+__attribute__((visibility("default"))) int64_t JaxW4a4W4a16WorkspaceBytes(int64_t m, int64_t n, int64_t k,
+                                                                          int64_t group_size, int act_order,
+                                                                          int num_sms) {
+  return jax_w4a4::sm90::w4a16::W4a16WorkspaceBytes({m, n, k, group_size, act_order != 0}, num_sms);
+}
+
 }  // extern "C"

@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 
@@ -47,23 +46,6 @@ inline int64_t LastDim(const ffi::AnyBuffer& buffer) {
 
 inline ffi::Error Invalid(std::string_view op, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string(op) + ": " + message);
-}
-
-// Scratch memory from XLA's allocator for this call (freed when the handler returns; stream order keeps
-// the kernel's use safe). XLA accepts alignments up to 16 only, so a stronger `alignment` is obtained by
-// over-allocating and rounding the pointer up.
-inline ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, size_t bytes, size_t alignment,
-                                  std::string_view op, void*& data) {
-  data = nullptr;
-  if (bytes == 0) return ffi::Error::Success();
-  std::optional<void*> allocation = scratch.Allocate(bytes + alignment, /*alignment=*/16);
-  if (!allocation.has_value()) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      std::string(op) + ": could not allocate " + std::to_string(bytes) + " bytes of scratch");
-  }
-  const uintptr_t address = reinterpret_cast<uintptr_t>(*allocation);
-  data = reinterpret_cast<void*>((address + alignment - 1) / alignment * alignment);
-  return ffi::Error::Success();
 }
 
 inline bool IsHalf(ffi::DataType t) { return t == ffi::DataType::BF16 || t == ffi::DataType::F16; }

@@ -1,6 +1,8 @@
 // XLA FFI handler of jax_w4a4_w4a16_gemm: decode the buffers, validate them against docs/layouts.md
-// (section w4a16_gemm; qweight in the prepacked layout of jax_w4a4/formats/w4a16_layout.py), allocate the
-// scratch the launch needs, launch. The math lives in csrc/kernels/sm90/w4a16_gemm.cu.
+// (section w4a16_gemm; qweight in the prepacked layout of jax_w4a4/formats/w4a16_layout.py), launch. The
+// split-K / act-order workspace is a second result that XLA allocates (the lowering sizes it with
+// W4a16WorkspaceBytes for the `num_sms` it plans for), so the call can be captured in a CUDA graph.
+// The math lives in csrc/kernels/sm90/w4a16_gemm.cu.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -32,10 +34,9 @@ bool ShapeIs(const ffi::AnyBuffer& buffer, std::initializer_list<int64_t> expect
   return true;
 }
 
-ffi::Error W4a16GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
-                         ffi::AnyBuffer qweight, ffi::AnyBuffer scales, ffi::AnyBuffer zeros,
-                         ffi::AnyBuffer g_idx, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
-                         int64_t group_size) {
+ffi::Error W4a16GemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer qweight, ffi::AnyBuffer scales,
+                         ffi::AnyBuffer zeros, ffi::AnyBuffer g_idx, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> workspace, int64_t group_size, int64_t num_sms) {
   const ffi::DataType dtype = x.element_type();
   if (!IsHalf(dtype)) return Invalid(kOp, "x must be bf16 or fp16");
   if (x.dimensions().size() < 1) return Invalid(kOp, "x must be at least 1-D");
@@ -87,21 +88,23 @@ ffi::Error W4a16GemmImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi
   args.k = k;
   args.group_size = group_size;
   args.dtype = dtype == ffi::DataType::F16 ? w4a16::Dtype::kFp16 : w4a16::Dtype::kBf16;
-  if (!w4a16::ShapeSupported(args)) {
+  if (!w4a16::W4a16ShapeSupported(w4a16::ProblemOf(args))) {
     return Invalid(kOp, "the CUDA kernel needs N % 32 == 0, K % 64 == 0 and group_size in {32, 64, 128, K}; got N=" +
                             std::to_string(n) + ", K=" + std::to_string(k) +
                             ", group_size=" + std::to_string(group_size));
   }
 
-  int device = 0;
-  int num_sms = 0;
-  JAX_W4A4_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
-  JAX_W4A4_RETURN_IF_ERROR(
-      CudaStatus(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
-  const size_t workspace_bytes = w4a16::WorkspaceBytes(args, num_sms);
-  void* workspace = nullptr;
-  JAX_W4A4_RETURN_IF_ERROR(AllocateScratch(scratch, workspace_bytes, 256, kOp, workspace));
-  return CudaStatus(w4a16::LaunchGemm(args, workspace, num_sms, stream), "w4a16_gemm launch");
+  if (num_sms < 1 || num_sms > 1024) return Invalid(kOp, "num_sms must be in [1, 1024], got " + std::to_string(num_sms));
+  const int64_t needed = w4a16::W4a16WorkspaceBytes(w4a16::ProblemOf(args), static_cast<int>(num_sms));
+  if (workspace->element_type() != ffi::DataType::U8 || workspace->dimensions().size() != 1 ||
+      static_cast<int64_t>(workspace->size_bytes()) < needed ||
+      reinterpret_cast<uintptr_t>(workspace->untyped_data()) % 16 != 0) {
+    return Invalid(kOp, "workspace must be 16-byte aligned uint8 (>= " + std::to_string(needed) + ",), got " +
+                            DimsString(*workspace));
+  }
+  return CudaStatus(w4a16::LaunchGemm(args, workspace->untyped_data(), workspace->size_bytes(),
+                                      static_cast<int>(num_sms), stream),
+                    "w4a16_gemm launch");
 }
 
 }  // namespace
@@ -112,7 +115,6 @@ extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* JaxW4a4W4a16Gem
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxW4a4W4a16Gemm, jax_w4a4::W4a16GemmImpl,
                               jax_w4a4::ffi::Ffi::Bind()
                                   .Ctx<jax_w4a4::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<jax_w4a4::ffi::ScratchAllocator>()
                                   .Arg<jax_w4a4::ffi::AnyBuffer>()  // x
                                   .Arg<jax_w4a4::ffi::AnyBuffer>()  // qweight (prepacked)
                                   .Arg<jax_w4a4::ffi::AnyBuffer>()  // scales
@@ -120,6 +122,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxW4a4W4a16Gemm, jax_w4a4::W4a16GemmImpl,
                                   .Arg<jax_w4a4::ffi::AnyBuffer>()  // g_idx or (0,)
                                   .Arg<jax_w4a4::ffi::AnyBuffer>()  // bias or (0,)
                                   .Ret<jax_w4a4::ffi::AnyBuffer>()  // y
-                                  .Attr<int64_t>("group_size"));
-// Not declared command-buffer compatible: the split-K and act-order workspace comes from the FFI
-// scratch allocator, whose addresses a captured CUDA graph would keep after the call returns them.
+                                  .Ret<jax_w4a4::ffi::AnyBuffer>()  // workspace (uint8)
+                                  .Attr<int64_t>("group_size")
+                                  .Attr<int64_t>("num_sms"),
+                              {jax_w4a4::ffi::Traits::kCmdBufferCompatible});  // no host sync, no allocation

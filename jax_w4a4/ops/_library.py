@@ -71,6 +71,21 @@ def compiled_targets() -> list[str]:
     return [name for name in lib.JaxW4a4Targets().decode().split(",") if name]
 
 
+DEFAULT_SM_COUNT = 132  # H100 SXM, H200
+
+
+@functools.cache
+def cuda_sm_count() -> int:
+    """SMs of the first CUDA device, for which the kernels' launches are planned at lowering time; 132
+    (H100 SXM / H200) when there is none (e.g. ``jax.export`` on a CPU host). Another count only changes
+    how the work is split, never the result."""
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return DEFAULT_SM_COUNT
+    return int(getattr(devices[0], "core_count", 0) or DEFAULT_SM_COUNT)
+
+
 def _cuda_backend_present() -> bool:
     try:
         return bool(jax.devices("cuda"))

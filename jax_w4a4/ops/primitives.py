@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import jax
@@ -22,7 +23,7 @@ from jax._src import dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from jax_w4a4 import reference
+from jax_w4a4 import budget, reference
 from jax_w4a4.formats import svdq, svdq_layout, w4a16, w4a16_layout
 from jax_w4a4.ops import _library, checks, partitioning
 
@@ -41,6 +42,10 @@ class FusedOp:
       kernel_checks: extra trace-time checks of what the CUDA kernel serves (raises ValueError).
       num_activations: the first operands that carry the leading (token) dims; the rest are weights.
       num_results: how many arrays the primitive returns (more than one: it returns a tuple).
+      cuda_workspace: for a kernel that needs device scratch, ``(avals_in, params) -> (bytes, attributes)``:
+        the CUDA lowering gives the FFI call one more result, a uint8 array of that size that XLA
+        allocates (so the call stays CUDA-graph safe), passes the attributes that planned it, and drops
+        the extra result.
     """
 
     name: str
@@ -49,6 +54,7 @@ class FusedOp:
     kernel_checks: Callable
     num_activations: int
     num_results: int
+    cuda_workspace: Callable | None = None
 
     @property
     def multiple_results(self) -> bool:
@@ -80,7 +86,12 @@ class FusedOp:
         _library.require_cuda_target(self.name)
         self.kernel_checks(*ctx.avals_in, **params)
         rule = jax.ffi.ffi_lowering(_library.target_name(self.name))
-        return rule(ctx, *operands, **params)
+        if self.cuda_workspace is None:
+            return rule(ctx, *operands, **params)
+        workspace_bytes, attributes = self.cuda_workspace(*ctx.avals_in, **params)
+        workspace = ShapedArray((workspace_bytes,), jnp.uint8)
+        results = rule(ctx.replace(avals_out=(*ctx.avals_out, workspace)), *operands, **params, **attributes)
+        return results[: len(ctx.avals_out)]
 
     def _batch(self, operands, dims, **params):
         not_mapped = None  # the batch dim of an operand that vmap does not map
@@ -274,6 +285,13 @@ def _w4a16_gemm_kernel_checks(x, qweight, scales, *rest, group_size):
     w4a16_layout.check_shape(scales.shape[0], x.shape[-1], group_size)
 
 
+def _w4a16_gemm_workspace(x, qweight, scales, zeros, g_idx, bias, *, group_size):
+    num_sms = _library.cuda_sm_count()
+    m, n, k = math.prod(x.shape[:-1]), scales.shape[0], x.shape[-1]
+    nbytes = budget.w4a16_workspace_bytes(m, n, k, group_size, act_order=g_idx.shape != EMPTY, num_sms=num_sms)
+    return max(nbytes, 0), {"num_sms": num_sms}
+
+
 def _w4a16_gemm_reference(x, qweight, scales, zeros, g_idx, bias, *, group_size):
     logical = w4a16_layout.unprepack(qweight, scales.shape[0], x.shape[-1])
     return reference.w4a16_gemm(x, logical, scales, zeros, g_idx, bias, group_size=group_size)
@@ -286,6 +304,7 @@ W4A16_GEMM = FusedOp(
     kernel_checks=_w4a16_gemm_kernel_checks,
     num_activations=1,
     num_results=1,
+    cuda_workspace=_w4a16_gemm_workspace,
 )
 
 

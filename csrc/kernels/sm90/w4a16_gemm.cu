@@ -63,10 +63,6 @@ namespace {
 
 // ------------------------------------------------------------------------------------------ geometry
 
-constexpr int kMaxTokensPerBlock = 64;
-constexpr int64_t kMaxK = int64_t{1} << 24;         // keeps in-kernel offsets in 32 bits
-constexpr int kMaxGridY = 65535;
-constexpr int kSaturatingWarpsPerSm = 12;         // the launcher's model: fewer warps per SM stream slower
 constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
 
 template <int kMTiles_>
@@ -573,78 +569,14 @@ __global__ void GatherActOrderColumns(const T* x, const int32_t* perm, const int
 
 // ------------------------------------------------------------------------------------------- host
 
-struct Plan {
-  int m_tiles;   // n8 token tiles per CTA: 1, 2, 4 or 8
-  int m_blocks;  // CTAs along the tokens
-  int warps;     // 4..8, 32 rows of W each
-  int n_tiles;
-  int splits;    // split-K factor
-};
-
-int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
-
 int Log2(int64_t power_of_two) {
   int log = 0;
   while ((int64_t{1} << log) < power_of_two) ++log;
   return log;
 }
 
-// One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
-// largest CTA's bytes over its share of the SM's bandwidth, and an SM with fewer than
-// kSaturatingWarpsPerSm warps gets a proportionally smaller share (it cannot hide the latency). Ties go
-// to more warps and fewer splits (less reduction traffic).
-Plan MakePlan(const GemmArgs& args, int num_sms) {
-  Plan plan{};
-  plan.m_tiles = args.m <= 8 ? 1 : args.m <= 16 ? 2 : args.m <= 32 ? 4 : 8;
-  plan.m_blocks = CeilDiv(args.m, 8 * plan.m_tiles);
-  const int atoms = static_cast<int>(args.k / kAtomCols);
-  int64_t best_cost = INT64_MAX;
-  for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
-    const int n_tiles = CeilDiv(args.n, warps * WarpRows(plan.m_tiles));
-    const int64_t tiles = static_cast<int64_t>(n_tiles) * plan.m_blocks;
-    const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
-    const int splits = static_cast<int>(std::clamp<int64_t>(slots / tiles, 1, atoms));
-    const int64_t waves = (tiles * splits + slots - 1) / slots;
-    const int64_t warps_per_sm = int64_t{warps} * CtasPerSm(plan.m_tiles);
-    const int64_t cost = waves * warps * CeilDiv(atoms, splits) * kSaturatingWarpsPerSm /
-                         std::min<int64_t>(warps_per_sm, kSaturatingWarpsPerSm);
-    if (cost < best_cost) {
-      best_cost = cost;
-      plan.warps = warps;
-      plan.n_tiles = n_tiles;
-      plan.splits = splits;
-    }
-  }
-  return plan;
-}
-
-constexpr size_t kAlign = 256;
-size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-struct Workspace {
-  size_t tickets, partials, x_perm, total;  // byte offsets and total size
-};
-
-Workspace LayOutWorkspace(const GemmArgs& args, const Plan& plan) {
-  Workspace ws{};
-  size_t offset = 0;
-  if (plan.splits > 1) {
-    ws.tickets = offset;
-    offset += AlignUp(sizeof(int) * plan.m_blocks * plan.n_tiles);
-    ws.partials = offset;
-    offset += AlignUp(sizeof(float4) * plan.m_blocks * plan.n_tiles * plan.splits * plan.warps * TilesPerWarp(plan.m_tiles) *
-                      plan.m_tiles * 32);
-  }
-  if (args.g_idx != nullptr) {
-    ws.x_perm = offset;
-    offset += AlignUp(2 * static_cast<size_t>(args.m) * args.k);
-  }
-  ws.total = offset;
-  return ws;
-}
-
 template <typename T, int kMTiles>
-cudaError_t LaunchTyped(const KernelParams& params, const Plan& plan, cudaStream_t stream) {
+cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, cudaStream_t stream) {
   auto* kernel = &W4a16GemmKernel<T, kMTiles>;
   constexpr int kSmem = Config<kMTiles>::kSmemBytes;
   // Per call, not once per process: the attribute belongs to the current device's context.
@@ -658,8 +590,8 @@ cudaError_t LaunchTyped(const KernelParams& params, const Plan& plan, cudaStream
 }
 
 template <typename T>
-cudaError_t LaunchForDtype(const GemmArgs& args, const Plan& plan, void* workspace, cudaStream_t stream) {
-  const Workspace ws = LayOutWorkspace(args, plan);
+cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, void* workspace, cudaStream_t stream) {
+  const W4a16Workspace ws = LayOutW4a16Workspace(ProblemOf(args), plan);
   uint8_t* base = static_cast<uint8_t*>(workspace);
   const int32_t* tail = args.qweight + (args.n / kAtomRows) * 2 * args.k;  // perm, then the flag
 
@@ -667,7 +599,7 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const Plan& plan, void* workspa
   params.x = args.x;
   if (args.g_idx != nullptr) {
     T* x_perm = reinterpret_cast<T*>(base + ws.x_perm);
-    const dim3 grid(CeilDiv(args.k, 256), static_cast<unsigned>(std::min<int64_t>(args.m, kMaxGridY)));
+    const dim3 grid(static_cast<unsigned>((args.k + 255) / 256), static_cast<unsigned>(std::min<int64_t>(args.m, kMaxGridY)));
     GatherActOrderColumns<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(args.x), tail, args.g_idx, x_perm,
                                                        static_cast<int>(args.m), static_cast<int>(args.k),
                                                        static_cast<int>(args.group_size));
@@ -709,24 +641,15 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const Plan& plan, void* workspa
 
 }  // namespace
 
-bool ShapeSupported(const GemmArgs& args) {
-  const bool group_ok = args.group_size == 32 || args.group_size == 64 || args.group_size == 128 ||
-                        args.group_size == args.k;
-  return args.m >= 1 && args.n >= kRowGranule && args.k >= kAtomCols && args.n % kRowGranule == 0 &&
-         args.k % kAtomCols == 0 && group_ok && args.k % args.group_size == 0 &&
-         args.m <= static_cast<int64_t>(kMaxGridY) * kMaxTokensPerBlock && args.n * args.m < (int64_t{1} << 40) &&
-         args.n <= (1 << 30) && args.k <= kMaxK;
-}
-
-size_t WorkspaceBytes(const GemmArgs& args, int num_sms) {
-  if (!ShapeSupported(args)) return 0;
-  return LayOutWorkspace(args, MakePlan(args, num_sms)).total;
-}
-
-cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, int num_sms, cudaStream_t stream) {
-  if (!ShapeSupported(args) || num_sms < 1) return cudaErrorInvalidValue;
-  const Plan plan = MakePlan(args, num_sms);
-  if (LayOutWorkspace(args, plan).total > 0 && workspace == nullptr) return cudaErrorInvalidValue;
+cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, size_t workspace_bytes, int num_sms,
+                       cudaStream_t stream) {
+  const W4a16Problem problem = ProblemOf(args);
+  if (!W4a16ShapeSupported(problem) || num_sms < 1) return cudaErrorInvalidValue;
+  const W4a16Launch plan = PlanW4a16Launch(problem, num_sms);
+  const int64_t needed = LayOutW4a16Workspace(problem, plan).total;
+  if (needed > 0 && (workspace == nullptr || static_cast<int64_t>(workspace_bytes) < needed)) {
+    return cudaErrorInvalidValue;
+  }
   return args.dtype == Dtype::kFp16 ? LaunchForDtype<__half>(args, plan, workspace, stream)
                                     : LaunchForDtype<__nv_bfloat16>(args, plan, workspace, stream);
 }

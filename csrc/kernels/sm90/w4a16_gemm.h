@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/sm90/w4a16_gemm_plan.h"
+
 namespace jax_w4a4::sm90::w4a16 {
 
 enum class Dtype { kBf16, kFp16 };
@@ -27,15 +29,15 @@ struct GemmArgs {
   Dtype dtype;
 };
 
-// Shapes the kernel serves (w4a16_layout.check_shape): n % 32, k % 64, group_size in {32, 64, 128, k}.
-bool ShapeSupported(const GemmArgs& args);
+inline W4a16Problem ProblemOf(const GemmArgs& args) {
+  return {args.m, args.n, args.k, args.group_size, args.g_idx != nullptr};
+}
 
-// Bytes of device scratch the launch needs (0 when none); `num_sms` is the device's SM count.
-size_t WorkspaceBytes(const GemmArgs& args, int num_sms);
-
-// Enqueues the work on `stream`: no host sync, no allocation, CUDA-graph safe. `workspace` holds
-// WorkspaceBytes(args, num_sms) bytes (uninitialised; zeroed in-stream where needed). Returns
-// cudaErrorInvalidValue for shapes outside ShapeSupported, otherwise the launch status.
-cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, int num_sms, cudaStream_t stream);
+// Enqueues the work on `stream`: no host sync, no allocation, CUDA-graph safe. The launch is planned
+// for `num_sms` SMs (PlanW4a16Launch); `workspace` holds at least W4a16WorkspaceBytes(ProblemOf(args),
+// num_sms) bytes (uninitialised; zeroed in-stream where needed). Returns cudaErrorInvalidValue for
+// shapes outside W4a16ShapeSupported or a too small workspace, otherwise the launch status.
+cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, size_t workspace_bytes, int num_sms,
+                       cudaStream_t stream);
 
 }  // namespace jax_w4a4::sm90::w4a16

@@ -1,6 +1,8 @@
-// Shared-memory and occupancy plan of the w4a16 GEMM (csrc/kernels/sm90/w4a16_gemm.cu), host-compilable.
-// The kernel builds its Config from these plans and static_asserts them; python -m jax_w4a4.budget
-// prints them (csrc/common/budget_table.cc); tests/test_budget.py checks the arithmetic.
+// Shared-memory and occupancy plan of the w4a16 GEMM (csrc/kernels/sm90/w4a16_gemm.cu) and its launch
+// plan (grid, split-K, workspace), host-compilable. The kernel builds its Config from these plans and
+// static_asserts them; python -m jax_w4a4.budget prints them (csrc/common/budget_table.cc);
+// tests/test_budget.py checks the arithmetic. The launch plan lives here too, so the FFI lowering can size
+// the workspace (an XLA-allocated output: CUDA-graph safe) with the launcher's own code.
 //
 // A CTA owns up to 8 warps x tiles_per_warp m16 tiles of W and 8 x m_tiles tokens; one ring stage is one
 // 64-wide K atom: 512 B of prepacked weights per m16 tile plus the X tile (rows padded to 144 B for
@@ -12,6 +14,7 @@
 // per SM gets a deeper ring.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/smem_budget.h"
@@ -81,6 +84,98 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles) {
   p.total_bytes = p.ring_bytes + p.scale_tables_bytes + p.flag_bytes;
   p.per_sm_bytes = p.ctas_per_sm * (p.total_bytes + kDriverSmemPerCta);
   return p;
+}
+
+// ------------------------------------------------------------------------------------ launch plan
+
+inline constexpr int kMaxTokensPerBlock = 64;             // tokens per CTA at most; more run along grid y
+inline constexpr int64_t kMaxK = int64_t{1} << 24;       // keeps in-kernel offsets in 32 bits
+inline constexpr int kMaxGridY = 65535;
+inline constexpr int kSaturatingWarpsPerSm = 12;         // the planner's model: fewer warps per SM stream slower
+inline constexpr int64_t kWorkspaceAlign = 256;
+inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumulator fragment per lane and tile
+
+struct W4a16Problem {
+  int64_t m, n, k, group_size;  // group_size == k: per channel
+  bool act_order;               // g_idx given: X's columns are gathered into the workspace first
+};
+
+struct W4a16Launch {
+  int m_tiles;   // n8 token tiles per CTA: 1, 2, 4 or 8
+  int m_blocks;  // CTAs along the tokens
+  int warps;     // kMinWarps..kMaxWarps
+  int n_tiles;
+  int splits;    // split-K factor
+};
+
+struct W4a16Workspace {
+  int64_t tickets, partials, x_perm, total;  // byte offsets and total size
+};
+
+// What the kernel serves (w4a16_layout.check_shape on the Python side): N % 32, K % 64, group size
+// 32/64/128/K, and the limits of its 32-bit offsets and grid.
+constexpr bool W4a16ShapeSupported(const W4a16Problem& p) {
+  const bool group_ok = p.group_size == 32 || p.group_size == 64 || p.group_size == 128 || p.group_size == p.k;
+  return p.m >= 1 && p.n >= kRowGranule && p.k >= kAtomCols && p.n % kRowGranule == 0 && p.k % kAtomCols == 0 &&
+         group_ok && p.k % p.group_size == 0 && p.m <= int64_t{kMaxGridY} * kMaxTokensPerBlock &&
+         p.n * p.m < (int64_t{1} << 40) && p.n <= (int64_t{1} << 30) && p.k <= kMaxK;
+}
+
+constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
+// largest CTA's bytes over its share of the SM's bandwidth, and an SM with fewer than
+// kSaturatingWarpsPerSm warps gets a proportionally smaller share (it cannot hide the latency). Ties go
+// to more warps and fewer splits (less reduction traffic).
+constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
+  W4a16Launch plan{};
+  plan.m_tiles = p.m <= 8 ? 1 : p.m <= 16 ? 2 : p.m <= 32 ? 4 : 8;
+  plan.m_blocks = static_cast<int>(CeilDiv(p.m, 8 * plan.m_tiles));
+  const int64_t atoms = p.k / kAtomCols;
+  int64_t best_cost = INT64_MAX;
+  for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
+    const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles));
+    const int64_t tiles = n_tiles * plan.m_blocks;
+    const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
+    const int64_t splits = std::clamp<int64_t>(slots / tiles, 1, atoms);
+    const int64_t waves = CeilDiv(tiles * splits, slots);
+    const int64_t warps_per_sm = int64_t{warps} * CtasPerSm(plan.m_tiles);
+    const int64_t cost = waves * warps * CeilDiv(atoms, splits) * kSaturatingWarpsPerSm /
+                         std::min<int64_t>(warps_per_sm, kSaturatingWarpsPerSm);
+    if (cost < best_cost) {
+      best_cost = cost;
+      plan.warps = warps;
+      plan.n_tiles = static_cast<int>(n_tiles);
+      plan.splits = static_cast<int>(splits);
+    }
+  }
+  return plan;
+}
+
+// Split-K ticket counters and fragment-order partials, then the act-order gather of X (bf16/fp16).
+constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16Launch& plan) {
+  const auto align = [](int64_t bytes) { return CeilDiv(bytes, kWorkspaceAlign) * kWorkspaceAlign; };
+  W4a16Workspace ws{};
+  int64_t offset = 0;
+  if (plan.splits > 1) {
+    ws.tickets = offset;
+    offset += align(int64_t{4} * plan.m_blocks * plan.n_tiles);
+    ws.partials = offset;
+    offset += align(kPartialBytes * plan.m_blocks * plan.n_tiles * plan.splits * plan.warps *
+                    TilesPerWarp(plan.m_tiles) * plan.m_tiles * 32);
+  }
+  if (p.act_order) {
+    ws.x_perm = offset;
+    offset += align(2 * p.m * p.k);
+  }
+  ws.total = offset;
+  return ws;
+}
+
+// Workspace bytes for `p` planned for `num_sms` SMs, or -1 when the kernel does not serve the shape.
+constexpr int64_t W4a16WorkspaceBytes(const W4a16Problem& p, int num_sms) {
+  if (!W4a16ShapeSupported(p) || num_sms < 1) return -1;
+  return LayOutW4a16Workspace(p, PlanW4a16Launch(p, num_sms)).total;
 }
 
 }  // namespace jax_w4a4::sm90::w4a16
