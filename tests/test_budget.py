@@ -193,3 +193,19 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
 
 def test_table_lists_w4a16_plans():
     assert budget.table().count("w4a16_gemm sm90:") == 4
+
+
+def test_w4a16_workspace_follows_the_launch_plan():
+    """The workspace the lowering allocates is the launcher's: split-K tickets (int32 per tile) and
+    fragment-order partials (16 B per lane, m16 tile and token tile, per split), then the act-order
+    gather of X (bf16), each 256-byte aligned."""
+    # 1 x 28672 x 8192 on 132 SMs: 7 warps x 4 tiles = 448 rows -> 64 column tiles, 2 CTAs/SM -> 4 splits.
+    tickets = 256  # 64 x 4 B, aligned
+    partials = 16 * 64 * 4 * 7 * 4 * 1 * 32
+    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=132) == tickets + partials
+    gather = 2 * 1 * 8192
+    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=True, num_sms=132) == tickets + partials + gather
+    # More SMs, more splits, more partials; shapes the kernel does not serve: -1.
+    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=264) > tickets + partials
+    assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32
+    assert budget.w4a16_workspace_bytes(0, 28672, 8192, 128, act_order=False, num_sms=132) == -1
