@@ -16,7 +16,7 @@
 // so the X fragments, the loop and the barrier serve twice the weights; beyond, two tiles, since the
 // accumulators fill the registers) and a K range (split-K over `splits` CTAs), chosen on the host so
 // one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). Tokens beyond
-// 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to scratch in MMA
+// 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to the workspace in MMA
 // fragment order; the last CTA of a tile to arrive (ticket counter, zeroed in-stream by a memset) sums
 // them in split order — deterministic, no host sync, CUDA-graph safe.
 //
@@ -32,7 +32,7 @@
 //    exponent tricks; no lookup tables), ldmatrix for X, mma.sync, promotion at group ends.
 //  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials, ticket, ordered reduction).
 // Act-order: the weights are stored in argsort(g_idx) order; LaunchGemm first gathers X's columns in
-// that order (a small kernel, scratch) and checks g_idx against the stored permutation: a mismatch
+// that order (a small kernel, into the workspace) and checks g_idx against the stored permutation: a mismatch
 // turns the affected columns into NaN, so a wrong g_idx can never give a plausible wrong answer.
 //
 // Shared memory per CTA (W4a16Plan in w4a16_gemm_plan.h, static_assert'ed against the SM's 228 KB
@@ -106,7 +106,7 @@ struct KernelParams {
   const uint8_t* zeros;      // (n, groups) raw, or nullptr
   const void* bias;          // (n,) or nullptr
   void* y;                   // (m, n)
-  float4* partials;          // split-K scratch, or nullptr
+  float4* partials;          // split-K partials in the workspace, or nullptr
   int* tickets;              // split-K arrival counters (zeroed before the launch), or nullptr
   const int32_t* act_order_flag;  // prepacked tail flag to check (no g_idx given), or nullptr
   int m, n, k;
