@@ -11,7 +11,6 @@ Peers (jnp.dot bf16, XLA fp8, torch cuBLAS) are timed in the same process, so ra
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -47,7 +46,7 @@ def time_jax(fn: Callable, input_sets: Sequence[tuple], *, calls: int = 20, tria
     independent dots that share a weight into one GEMM, which would read the weight once for all calls)
     nor drop or hoist them. No loop: a loop's per-iteration control flow would add host round trips.
     """
-    if _device_clock_ready():
+    if _library.register_tool_target(DEVICE_CLOCK):
         return _time_on_device(fn, input_sets, calls=calls, trials=trials)
     short, long = _chain(fn, input_sets, calls), _chain(fn, input_sets, 2 * calls)
     return max(_median_wall(long, input_sets, trials) - _median_wall(short, input_sets, trials), 0.0) / calls
@@ -85,24 +84,9 @@ def _median_wall(chain, input_sets: Sequence[tuple], trials: int) -> float:
 DEVICE_CLOCK = "jax_w4a4_device_clock"
 
 
-@functools.cache
-def _device_clock_ready() -> bool:
-    """Registers the library's device clock with XLA when there is a GPU and the library has it."""
-    try:
-        on_gpu = bool(jax.devices("cuda"))
-    except RuntimeError:
-        on_gpu = False
-    lib = _library.load()
-    if not on_gpu or lib is None or DEVICE_CLOCK not in _library.compiled_targets():
-        return False
-    symbol = getattr(lib, _library.TOOL_TARGETS[DEVICE_CLOCK])
-    jax.ffi.register_ffi_target(DEVICE_CLOCK, jax.ffi.pycapsule(symbol), platform="CUDA")
-    return True
-
-
 def jax_timing() -> str:
     """How time_jax times in this process, for the benchmark headers."""
-    if _device_clock_ready():
+    if _library.register_tool_target(DEVICE_CLOCK):
         return "JAX-level times: chains of calls in one jit, timed on the GPU (device clock)"
     return "JAX-level times: marginal host wall time of chains of calls (no device clock)"
 

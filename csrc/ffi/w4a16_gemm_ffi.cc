@@ -88,14 +88,15 @@ ffi::Error W4a16GemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer q
   args.k = k;
   args.group_size = group_size;
   args.dtype = dtype == ffi::DataType::F16 ? w4a16::Dtype::kFp16 : w4a16::Dtype::kBf16;
-  if (!w4a16::W4a16ShapeSupported(w4a16::ProblemOf(args))) {
+  const w4a16::W4a16Problem problem = w4a16::ProblemOf(args);
+  if (!w4a16::W4a16ShapeSupported(problem)) {
     return Invalid(kOp, "the CUDA kernel needs N % 32 == 0, K % 64 == 0 and group_size in {32, 64, 128, K}; got N=" +
                             std::to_string(n) + ", K=" + std::to_string(k) +
                             ", group_size=" + std::to_string(group_size));
   }
 
   if (num_sms < 1 || num_sms > 1024) return Invalid(kOp, "num_sms must be in [1, 1024], got " + std::to_string(num_sms));
-  const int64_t needed = w4a16::W4a16WorkspaceBytes(w4a16::ProblemOf(args), static_cast<int>(num_sms));
+  const int64_t needed = w4a16::W4a16WorkspaceBytes(problem, static_cast<int>(num_sms));
   if (workspace->element_type() != ffi::DataType::U8 || workspace->dimensions().size() != 1 ||
       static_cast<int64_t>(workspace->size_bytes()) < needed ||
       reinterpret_cast<uintptr_t>(workspace->untyped_data()) % 16 != 0) {

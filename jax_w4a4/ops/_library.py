@@ -79,11 +79,9 @@ def cuda_sm_count() -> int:
     """SMs of the first CUDA device, for which the kernels' launches are planned at lowering time; 132
     (H100 SXM / H200) when there is none (e.g. ``jax.export`` on a CPU host). Another count only changes
     how the work is split, never the result."""
-    try:
-        devices = jax.devices("cuda")
-    except RuntimeError:
+    if not _cuda_backend_present():
         return DEFAULT_SM_COUNT
-    return int(getattr(devices[0], "core_count", 0) or DEFAULT_SM_COUNT)
+    return int(getattr(jax.devices("cuda")[0], "core_count", 0) or DEFAULT_SM_COUNT)
 
 
 def _cuda_backend_present() -> bool:
@@ -103,9 +101,22 @@ def register_cuda_targets() -> tuple[str, ...]:
     compiled = set(compiled_targets())
     registered = tuple(op for op in CUDA_KERNELS if target_name(op) in compiled)
     for op in registered:
-        capsule = jax.ffi.pycapsule(getattr(load(), CUDA_KERNELS[op]))
-        jax.ffi.register_ffi_target(target_name(op), capsule, platform="CUDA")
+        _register(target_name(op), CUDA_KERNELS[op])
     return registered
+
+
+@functools.cache
+def register_tool_target(target: str) -> bool:
+    """Registers one of :data:`TOOL_TARGETS` with XLA when a GPU is present and the library has it;
+    returns whether it is usable."""
+    if not _cuda_backend_present() or target not in compiled_targets():
+        return False
+    _register(target, TOOL_TARGETS[target])
+    return True
+
+
+def _register(target: str, symbol: str) -> None:
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(load(), symbol)), platform="CUDA")
 
 
 def require_cuda_target(op: str) -> None:

@@ -590,8 +590,8 @@ cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, cud
 }
 
 template <typename T>
-cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, void* workspace, cudaStream_t stream) {
-  const W4a16Workspace ws = LayOutW4a16Workspace(ProblemOf(args), plan);
+cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const W4a16Workspace& ws, void* workspace,
+                           cudaStream_t stream) {
   uint8_t* base = static_cast<uint8_t*>(workspace);
   const int32_t* tail = args.qweight + (args.n / kAtomRows) * 2 * args.k;  // perm, then the flag
 
@@ -646,12 +646,12 @@ cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, size_t workspace_b
   const W4a16Problem problem = ProblemOf(args);
   if (!W4a16ShapeSupported(problem) || num_sms < 1) return cudaErrorInvalidValue;
   const W4a16Launch plan = PlanW4a16Launch(problem, num_sms);
-  const int64_t needed = LayOutW4a16Workspace(problem, plan).total;
-  if (needed > 0 && (workspace == nullptr || static_cast<int64_t>(workspace_bytes) < needed)) {
+  const W4a16Workspace ws = LayOutW4a16Workspace(problem, plan);
+  if (ws.total > 0 && (workspace == nullptr || static_cast<int64_t>(workspace_bytes) < ws.total)) {
     return cudaErrorInvalidValue;
   }
-  return args.dtype == Dtype::kFp16 ? LaunchForDtype<__half>(args, plan, workspace, stream)
-                                    : LaunchForDtype<__nv_bfloat16>(args, plan, workspace, stream);
+  return args.dtype == Dtype::kFp16 ? LaunchForDtype<__half>(args, plan, ws, workspace, stream)
+                                    : LaunchForDtype<__nv_bfloat16>(args, plan, ws, workspace, stream);
 }
 
 }  // namespace jax_w4a4::sm90::w4a16
