@@ -58,6 +58,8 @@ class W4A4Plan:
     main_stage_bytes: int
     main_stage_tx_bytes: int
     main_stage_issued_bytes: int
+    ctas_per_sm: int
+    smem_limit: int  # plan bytes one CTA may use (its share of the SM, less the 1 KB alignment slack)
     objects: tuple[SmemObject, ...]
 
     def object(self, name: str) -> SmemObject:
@@ -66,7 +68,7 @@ class W4A4Plan:
 
 SMEM_PER_BLOCK = 227 * 1024
 _OBJECT_FIELDS = 7
-_HEADER_FIELDS = 6
+_HEADER_FIELDS = 8
 _MAX_OBJECTS = 32
 
 
@@ -90,6 +92,8 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4W4a16Plan.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4W4a16WorkspaceBytes.restype = ctypes.c_int64
     lib.JaxW4a4W4a16WorkspaceBytes.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2
+    lib.JaxW4a4W4a4WorkspaceBytes.restype = ctypes.c_int64
+    lib.JaxW4a4W4a4WorkspaceBytes.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_int]
     return lib
 
 
@@ -209,6 +213,12 @@ def w4a16_workspace_bytes(m: int, n: int, k: int, group_size: int, *, act_order:
     """Device workspace of one w4a16 GEMM launch planned for ``num_sms`` SMs (split-K partials and
     tickets, the act-order gather of X); -1 when the kernel does not serve the shape."""
     return int(_load().JaxW4a4W4a16WorkspaceBytes(m, n, k, group_size, int(act_order), num_sms))
+
+
+def w4a4_workspace_bytes(m: int, n: int, k: int, *, num_sms: int) -> int:
+    """Device workspace of one w4a4 GEMM launch planned for ``num_sms`` SMs: the stream-K partials and
+    flags of a decode launch whose column tiles do not divide over the SMs, else 0."""
+    return int(_load().JaxW4a4W4a4WorkspaceBytes(m, n, k, num_sms))
 
 
 if __name__ == "__main__":

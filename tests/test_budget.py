@@ -75,11 +75,15 @@ def test_a_cluster_buys_no_shared_memory(pair):
 )
 def test_instantiated_plans_fit_and_are_tight(shape):
     plan = budget.w4a4_plan(*shape)
-    assert plan.total_bytes <= budget.SMEM_PER_BLOCK
+    # Two CTAs per SM for the decode tiles up to 16 tokens; each CTA allocates the plan + 1 KB of
+    # alignment slack, and the driver reserves 1 KB per CTA.
+    assert plan.ctas_per_sm == (2 if shape[1] <= 16 else 1)
+    assert plan.smem_limit == min(budget.SMEM_PER_SM // plan.ctas_per_sm - 1024, budget.SMEM_PER_BLOCK) - 1024
+    assert plan.total_bytes <= plan.smem_limit
     assert plan.main_stages >= 3
     assert plan.total_bytes == sum(o.footprint for o in plan.objects)
     if plan.main_stages < 8:  # the solver stopped because one more stage would not fit
-        assert plan.total_bytes + plan.main_stage_bytes > budget.SMEM_PER_BLOCK - 16
+        assert plan.total_bytes + plan.main_stage_bytes > plan.smem_limit
 
 
 def test_main_stages_come_before_low_rank_stages():
@@ -209,3 +213,24 @@ def test_w4a16_workspace_follows_the_launch_plan():
     assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=264) > tickets + partials
     assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32
     assert budget.w4a16_workspace_bytes(0, 28672, 8192, 128, act_order=False, num_sms=132) == -1
+
+
+def test_w4a4_stream_k_workspace_follows_the_launch_plan():
+    """Decode launches whose column tiles do not divide over the SMs deal (tile, k-stage) iterations over
+    the CTAs (stream-K): their workspace is one int32 flag per CTA and consumer warpgroup (256-byte
+    aligned), then one fp32 partial tile (128 columns x the token tile) per CTA. Other launches need none."""
+    # Up to 16 tokens two CTAs per SM: 264 CTAs, 2112 B of flags aligned up to 2304; 32 tokens: 132 CTAs,
+    # 1056 B aligned up to 1280.
+    # 1 x 28672 x 8192: 8-token tile, 224 column tiles on 264 CTAs.
+    assert budget.w4a4_workspace_bytes(1, 28672, 8192, num_sms=132) == 2304 + 264 * 128 * 8 * 4
+    assert budget.w4a4_workspace_bytes(16, 28672, 8192, num_sms=132) == 2304 + 264 * 128 * 16 * 4
+    # 32-token tile: 224 column tiles on 132 CTAs (2 rounds where 1.7 would do).
+    assert budget.w4a4_workspace_bytes(20, 28672, 8192, num_sms=132) == 1280 + 132 * 128 * 32 * 4
+    # 64 column tiles of 8192: fewer tiles than CTAs, also dealt over all of them.
+    assert budget.w4a4_workspace_bytes(1, 8192, 8192, num_sms=132) == 2304 + 264 * 128 * 8 * 4
+    # No stream-K: tiles that divide over the CTAs, the cluster tiles (M > 32), or too little work per CTA.
+    assert budget.w4a4_workspace_bytes(1, 128 * 264, 8192, num_sms=132) == 0
+    assert budget.w4a4_workspace_bytes(20, 128 * 132, 8192, num_sms=132) == 0
+    assert budget.w4a4_workspace_bytes(33, 28672, 8192, num_sms=132) == 0
+    assert budget.w4a4_workspace_bytes(1, 128, 128, num_sms=132) == 0
+    assert budget.w4a4_workspace_bytes(0, 28672, 8192, num_sms=132) == 0

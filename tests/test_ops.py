@@ -130,7 +130,11 @@ def _op_calls(rng):
     xw, qw16, s16, z16 = _w4a16_operands(rng)
     return {
         "act_quant": (functools.partial(ops.act_quant, act_format="uint4"), (x, smooth, ld), 'act_format = "uint4"'),
-        "w4a4_gemm": (functools.partial(ops.w4a4_gemm, act_format="uint4"), (q, s, la, qw, ws, lu), 'act_format = "uint4"'),
+        "w4a4_gemm": (
+            functools.partial(ops.w4a4_gemm, act_format="uint4"),
+            (q, s, la, qw, ws, lu),
+            f'act_format = "uint4", num_sms = {_library.cuda_sm_count()} : i64',
+        ),
         "w4a16_gemm": (
             functools.partial(ops.w4a16_gemm, group_size=64),
             (xw, qw16, s16, z16),
@@ -210,3 +214,21 @@ def test_library_table_matches_the_binary():
         pytest.skip("the CUDA library is not built here (no nvcc at install time)")
     ops_and_tools = {_library.target_name(op) for op in _library.CUDA_KERNELS} | set(_library.TOOL_TARGETS)
     assert set(_library.compiled_targets()) == ops_and_tools
+
+
+def test_w4a4_lowering_adds_the_stream_k_workspace():
+    """w4a4's stream-K partials are a second FFI result of the size the launch plan needs (decode shapes
+    whose column tiles do not divide over the SMs); other launches get an empty one."""
+    n, k, r = 1024, 17408, 32  # 8 column tiles x 136 k-stages: stream-K at M <= 16 on 132 SMs (264 CTAs)
+    sds = jax.ShapeDtypeStruct
+    weights = (sds(svdq_layout.prepacked_shape(n, k), jnp.uint8), sds((n, k // 64), BF16), sds((r, n), BF16))
+    sizes = {}
+    for m in (1, 64):
+        tokens = (sds((m, k), jnp.uint8), sds((m, k // 64), BF16), sds((m, r), jnp.float32))
+        lowered = jax.jit(functools.partial(ops.w4a4_gemm, act_format="int4")).trace(*tokens, *weights).lower(
+            lowering_platforms=("cuda",)
+        )
+        sizes[m] = budget.w4a4_workspace_bytes(m, n, k, num_sms=_library.cuda_sm_count())
+        assert f"-> (tensor<{m}x{n}xbf16>, tensor<{sizes[m]}xui8>)" in lowered.as_text()
+        assert lowered.out_info.shape == (m, n)
+    assert sizes[1] > 0 and sizes[64] == 0

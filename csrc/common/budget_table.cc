@@ -47,9 +47,9 @@ std::string Describe(const W4A4Plan& p) {
     out += line;
   }
   std::snprintf(line, sizeof line,
-                "  total %lld of %lld bytes; main stages %d (tx %lld B/stage, issued %lld B/stage/CTA), "
+                "  total %lld of %lld bytes (%d CTA/SM); main stages %d (tx %lld B/stage, issued %lld B/stage/CTA), "
                 "low-rank stages %d%s\n",
-                static_cast<long long>(p.total_bytes()), static_cast<long long>(jax_w4a4::budget::kSmemPerBlockSm90),
+                static_cast<long long>(p.total_bytes()), static_cast<long long>(p.smem_limit()), p.ctas_per_sm(),
                 p.main_stages, static_cast<long long>(p.main_stage_tx_bytes()),
                 static_cast<long long>(p.main_stage_issued_bytes()), p.lora_stages, p.fits() ? "" : "  ** DOES NOT FIT **");
   out += line;
@@ -67,7 +67,7 @@ std::string DescribeActQuant(const ActQuantPlan& p) {
                 static_cast<long long>(p.lambda_bytes), static_cast<long long>(p.lora_tile_bytes), p.stages,
                 static_cast<long long>(p.ring_bytes), static_cast<long long>(p.column_table_bytes),
                 static_cast<long long>(p.partial_bytes), static_cast<long long>(p.total_bytes),
-                static_cast<long long>(p.per_sm_bytes()), static_cast<long long>(jax_w4a4::sm90::kSmemPerSmSm90),
+                static_cast<long long>(p.per_sm_bytes()), static_cast<long long>(jax_w4a4::budget::kSmemPerSmSm90),
                 p.fits() ? "" : "  ** DOES NOT FIT **");
   return line;
 }
@@ -81,7 +81,7 @@ std::string DescribeW4a16(const W4a16Plan& p) {
                 p.block_m, p.ctas_per_sm, p.tiles_per_warp, p.block_rows, p.stage_bytes, p.stage_weight_bytes,
                 p.stage_x_bytes, p.stages,
                 p.ring_bytes, p.scale_tables_bytes, p.flag_bytes, p.total_bytes, p.per_sm_bytes,
-                jax_w4a4::sm90::w4a16::kSmemPerSm, p.fits() ? "" : "  ** DOES NOT FIT **");
+                static_cast<int>(jax_w4a4::budget::kSmemPerSmSm90), p.fits() ? "" : "  ** DOES NOT FIT **");
   return line;
 }
 
@@ -101,8 +101,9 @@ __attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
   return table.c_str();
 }
 
-// The solved plan for any shape, flattened for ctypes: out[0..5] = main_stages, lora_stages, total bytes,
-// main-stage bytes, main-stage tx bytes, main-stage issued bytes; then per object 7 values: bytes, stages,
+// The solved plan for any shape, flattened for ctypes: out[0..7] = main_stages, lora_stages, total bytes,
+// main-stage bytes, main-stage tx bytes, main-stage issued bytes, CTAs per SM, the per-CTA byte limit the
+// plan was solved against; then per object 7 values: bytes, stages,
 // sharing, lifetime, footprint, issued bytes, expected tx bytes. Returns the number of objects.
 __attribute__((visibility("default"))) int JaxW4a4W4A4Plan(int tile_n, int tile_m, int cluster, int lora_chunk,
                                                             int act_value_bits, int64_t* out) {
@@ -114,6 +115,8 @@ __attribute__((visibility("default"))) int JaxW4a4W4A4Plan(int tile_n, int tile_
   *o++ = p.main_stage_bytes();
   *o++ = p.main_stage_tx_bytes();
   *o++ = p.main_stage_issued_bytes();
+  *o++ = p.ctas_per_sm();
+  *o++ = p.smem_limit();
   for (const auto& obj : p.objects) {
     *o++ = obj.bytes;
     *o++ = obj.stages;
@@ -179,6 +182,12 @@ __attribute__((visibility("default"))) int64_t JaxW4a4W4a16WorkspaceBytes(int64_
                                                                           int64_t group_size, int act_order,
                                                                           int num_sms) {
   return jax_w4a4::sm90::w4a16::W4a16WorkspaceBytes({m, n, k, group_size, act_order != 0}, num_sms);
+}
+
+// Workspace bytes of one w4a4_gemm launch planned for num_sms SMs (0 without stream-K), as above.
+__attribute__((visibility("default"))) int64_t JaxW4a4W4a4WorkspaceBytes(int64_t m, int64_t n, int64_t k,
+                                                                        int num_sms) {
+  return jax_w4a4::sm90::W4A4WorkspaceBytes(m, n, k, num_sms);
 }
 
 }  // extern "C"

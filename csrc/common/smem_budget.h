@@ -18,8 +18,10 @@
 
 namespace jax_w4a4::budget {
 
-// Opt-in dynamic shared memory per block on sm_90 (227 KB); 1 KB of the SM's 228 KB is reserved.
+// Opt-in dynamic shared memory per block on sm_90 (227 KB); 1 KB of the SM's 228 KB is reserved per CTA.
 inline constexpr int64_t kSmemPerBlockSm90 = 227 * 1024;
+inline constexpr int64_t kSmemPerSmSm90 = 228 * 1024;
+inline constexpr int64_t kSmemReservedPerCtaSm90 = 1024;
 inline constexpr int64_t kMbarrierBytes = 8;
 // Region alignment: a TMA destination with 128-byte swizzle (a wgmma operand) needs 1024 bytes; any other
 // TMA / bulk-copy destination 128 (16 is legal, 128 keeps every row on its own bank window).

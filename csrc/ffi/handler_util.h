@@ -75,4 +75,22 @@ inline ffi::Error OptionalVector(std::string_view op, const ffi::AnyBuffer& buff
   return ffi::Error::Success();
 }
 
+// The XLA-allocated workspace result of a kernel that plans its launch for `num_sms` SMs: the attribute
+// in range, then `workspace` a 16-byte aligned uint8 vector of at least `needed` bytes (sized at lowering
+// by the same plan, jax_w4a4/ops/primitives.py).
+inline ffi::Error CheckNumSms(std::string_view op, int64_t num_sms) {
+  if (num_sms < 1 || num_sms > 1024) return Invalid(op, "num_sms must be in [1, 1024], got " + std::to_string(num_sms));
+  return ffi::Error::Success();
+}
+
+inline ffi::Error CheckWorkspace(std::string_view op, const ffi::AnyBuffer& workspace, int64_t needed) {
+  if (workspace.element_type() != ffi::DataType::U8 || workspace.dimensions().size() != 1 ||
+      static_cast<int64_t>(workspace.size_bytes()) < needed ||
+      reinterpret_cast<uintptr_t>(workspace.untyped_data()) % 16 != 0) {
+    return Invalid(op, "workspace must be 16-byte aligned uint8 (>= " + std::to_string(needed) + ",), got " +
+                           DimsString(workspace));
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace jax_w4a4

@@ -95,14 +95,9 @@ ffi::Error W4a16GemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer q
                             ", group_size=" + std::to_string(group_size));
   }
 
-  if (num_sms < 1 || num_sms > 1024) return Invalid(kOp, "num_sms must be in [1, 1024], got " + std::to_string(num_sms));
-  const int64_t needed = w4a16::W4a16WorkspaceBytes(problem, static_cast<int>(num_sms));
-  if (workspace->element_type() != ffi::DataType::U8 || workspace->dimensions().size() != 1 ||
-      static_cast<int64_t>(workspace->size_bytes()) < needed ||
-      reinterpret_cast<uintptr_t>(workspace->untyped_data()) % 16 != 0) {
-    return Invalid(kOp, "workspace must be 16-byte aligned uint8 (>= " + std::to_string(needed) + ",), got " +
-                            DimsString(*workspace));
-  }
+  JAX_W4A4_RETURN_IF_ERROR(CheckNumSms(kOp, num_sms));
+  JAX_W4A4_RETURN_IF_ERROR(
+      CheckWorkspace(kOp, *workspace, w4a16::W4a16WorkspaceBytes(problem, static_cast<int>(num_sms))));
   return CudaStatus(w4a16::LaunchGemm(args, workspace->untyped_data(), workspace->size_bytes(),
                                       static_cast<int>(num_sms), stream),
                     "w4a16_gemm launch");

@@ -1,6 +1,7 @@
 // XLA FFI handler of `jax_w4a4_w4a4_gemm` (docs/layouts.md, w4a4_gemm): decode the buffers, check them
 // against the layout contract and the kernel's shape rules, launch csrc/kernels/sm90/w4a4_gemm.cu on
-// XLA's stream. No scratch, no host sync.
+// XLA's stream. The stream-K workspace is a second result that XLA allocates (the lowering sizes it with
+// W4A4WorkspaceBytes for the `num_sms` it plans for), so the call can be captured in a CUDA graph.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "common/ffi_util.h"
 #include "ffi/handler_util.h"
 #include "kernels/sm90/w4a4_gemm.h"
+#include "kernels/sm90/w4a4_gemm_plan.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_w4a4 {
@@ -21,7 +23,8 @@ constexpr int64_t kPrepackedBlockBytes = 2048;  // formats/svdq_layout.py: 64 x 
 
 ffi::Error W4a4Gemm(cudaStream_t stream, ffi::AnyBuffer q_x, ffi::AnyBuffer s_x, ffi::AnyBuffer la,
                     ffi::AnyBuffer qweight, ffi::AnyBuffer wscales, ffi::AnyBuffer lora_up, ffi::AnyBuffer alpha,
-                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, std::string_view act_format) {
+                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> workspace,
+                    std::string_view act_format, int64_t num_sms) {
   sm90::ActFormat format;
   if (!ParseActFormat(act_format, format)) {
     return Invalid(kOp, "act_format must be \"int4\", \"uint4\" or \"fp8\", got \"" + std::string(act_format) + "\"");
@@ -66,6 +69,8 @@ ffi::Error W4a4Gemm(cudaStream_t stream, ffi::AnyBuffer q_x, ffi::AnyBuffer s_x,
     return Invalid(kOp, std::string("unsupported shape M=") + std::to_string(m) + " N=" + std::to_string(n) +
                             " K=" + std::to_string(k) + " r=" + std::to_string(rank) + ": " + why);
   }
+  JAX_W4A4_RETURN_IF_ERROR(CheckNumSms(kOp, num_sms));
+  JAX_W4A4_RETURN_IF_ERROR(CheckWorkspace(kOp, *workspace, sm90::W4A4WorkspaceBytes(m, n, k, num_sms)));
   if (m == 0) return ffi::Error::Success();
   const sm90::W4A4GemmSm90Args args{
       static_cast<const uint8_t*>(q_x.untyped_data()),
@@ -79,7 +84,10 @@ ffi::Error W4a4Gemm(cudaStream_t stream, ffi::AnyBuffer q_x, ffi::AnyBuffer s_x,
       y->untyped_data(),
       m, n, k, rank,
       out_dtype == ffi::DataType::BF16 ? sm90::HalfType::kBf16 : sm90::HalfType::kFp16,
-      format};
+      format,
+      workspace->untyped_data(),
+      static_cast<int64_t>(workspace->size_bytes()),
+      static_cast<int>(num_sms)};
   return CudaStatus(sm90::LaunchW4A4GemmSm90(args, stream), "w4a4_gemm launch");
 }
 
@@ -101,5 +109,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxW4a4W4a4Gemm, jax_w4a4::W4a4Gemm,
                                   .Arg<xla::ffi::AnyBuffer>()  // alpha
                                   .Arg<xla::ffi::AnyBuffer>()  // bias
                                   .Ret<xla::ffi::AnyBuffer>()  // y
-                                  .Attr<std::string_view>("act_format"),
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (uint8)
+                                  .Attr<std::string_view>("act_format")
+                                  .Attr<int64_t>("num_sms"),
                               {xla::ffi::Traits::kCmdBufferCompatible});  // no host sync, no allocation

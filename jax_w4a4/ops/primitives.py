@@ -217,6 +217,12 @@ def _w4a4_gemm_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *
     return reference.w4a4_gemm(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, act_format=act_format)
 
 
+def _w4a4_gemm_workspace(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
+    num_sms = _library.cuda_sm_count()
+    m, n, k = math.prod(q_x.shape[:-1]), wscales.shape[0], q_x.shape[-1]
+    return budget.w4a4_workspace_bytes(m, n, k, num_sms=num_sms), {"num_sms": num_sms}
+
+
 W4A4_GEMM = FusedOp(
     name="w4a4_gemm",
     abstract_eval=_w4a4_gemm_abstract,
@@ -224,6 +230,7 @@ W4A4_GEMM = FusedOp(
     kernel_checks=_w4a4_gemm_kernel_checks,
     num_activations=3,
     num_results=1,
+    cuda_workspace=_w4a4_gemm_workspace,
 )
 
 

@@ -156,6 +156,14 @@ def test_leading_dims(rng, act_format, dtype):
     assert_matches(got, want, act_format, 4096)
 
 
+@pytest.mark.parametrize("m", [4100, 8192])  # large M, rank <= 32: 64-row blocks
+@pytest.mark.parametrize("act_format", ["int4", "fp8"])
+def test_large_m_row_blocks(rng, m, act_format):
+    """M = 4100 leaves a last row block of 4 rows; M = 8192 has 128 row blocks (a smaller K split)."""
+    inputs = make_inputs(rng, (m,), 4096, 32, jnp.bfloat16, act_format)
+    assert_matches(run_kernel(*inputs, act_format), run_reference(*inputs, act_format), act_format, 4096)
+
+
 @pytest.mark.parametrize("m,k", [(5, 192), (300, 3136)])  # K % 128 == 64: a half last chunk
 @pytest.mark.parametrize("act_format", ["int4", "uint4"])
 def test_k_multiple_of_64(rng, m, k, act_format):

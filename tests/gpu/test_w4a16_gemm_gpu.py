@@ -2,9 +2,11 @@
 
 The kernel runs through jax_w4a4.ops.w4a16_gemm under jax.jit with the prepacked weights; the
 reference gets the logical weights and runs as plain XLA (fp32, precision HIGHEST) on the same GPU,
-on the same quantized weights (formats.w4a16.quantize). The kernel promotes exact (q − z) partial
-sums with fp32 scales, so it differs from the reference only by fp32 summation order and the final
-rounding: the tolerances below are far tighter than a wrong scale, zero, group or row would pass.
+on the same quantized weights (formats.w4a16.quantize). The kernel promotes fp32 partial sums of
+exact products with fp32 scales (up to 8 bf16 tokens the partials carry a 128·Σx offset that the
+promotion subtracts, which costs ~7 bits of the partial's fp32 precision), so it differs from the
+reference by fp32 summation order and the final rounding: the tolerances below are far tighter than a
+wrong scale, zero, group or row would pass.
 Before each kernel run the allocator is filled with NaN buffers of the output's size, so an element
 the kernel forgot to write shows up as non-finite.
 """

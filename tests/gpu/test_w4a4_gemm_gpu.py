@@ -5,7 +5,9 @@ The activations come from ``reference.act_quant`` on random X, the weights from
 ``jax_w4a4.reference.w4a4_gemm`` runs on the CPU backend on the very same quantized arrays (logical
 weights), so a failure here is the GEMM's. The cases cover every token tile (16, 32: one CTA; 64, 128:
 clusters of 2 with the multicast token operand), masked token tails (a tile's second half partly and
-wholly past M), the phantom column tile of an odd tile count, several tiles per persistent CTA, long K
+wholly past M), the phantom column tile of an odd tile count, several tiles per persistent CTA, decode
+launches dealt over the CTAs by stream-K (tiles cut over up to ~6 CTAs whose partials the finishing CTA
+adds: M = 1, 7, 13, 16, 20 on ~132 SMs, see W4A4UsesStreamK), long K
 (the stage ring wraps many times), low-rank chunks (none, partial, several per tile), α/β present or
 absent, bf16 and fp16, and the three activation formats. Checks: every element finite (the output memory
 is poisoned with NaN before the run: a freed NaN buffer of the same size, which XLA's allocator hands out
@@ -138,10 +140,12 @@ def test_w4a4_gemm_sm90_matches_reference(case):
         assert np.linalg.norm((alpha64 - 1) * main + beta) > 10 * tol * np.linalg.norm(ref64)
 
 
-def test_w4a4_gemm_sm90_is_deterministic():
-    """No split-K, fixed accumulation order: repeated runs are bitwise equal."""
+@pytest.mark.parametrize("m", [333, 13])
+def test_w4a4_gemm_sm90_is_deterministic(m):
+    """Fixed accumulation order (prefill: whole tiles; decode: stream-K partials added in CTA order):
+    repeated runs are bitwise equal."""
     q_x, s_x, la, qweight, wscales, lora_up, alpha, bias = _make_inputs(
-        jax.random.key(11), m=333, n=3072, k=4096, rank=32, dtype=BF16, act_format="int4")
+        jax.random.key(11), m=m, n=3072, k=4096, rank=32, dtype=BF16, act_format="int4")
     gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format="int4"))
     args = (q_x, s_x, la, svdq_layout.prepack(qweight), wscales, lora_up, alpha, bias)
     first = np.asarray(gemm(*args))

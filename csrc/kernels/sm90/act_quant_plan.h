@@ -18,8 +18,6 @@ namespace jax_w4a4::sm90 {
 inline constexpr int kActQuantChunkK = 128;         // k per stage: two int4 groups or one fp8 group
 inline constexpr int kActQuantMaxStages = 6;
 inline constexpr int kActQuantMinStages = 2;        // one chunk in flight while the previous is computed
-inline constexpr int64_t kSmemPerSmSm90 = 228 * 1024;
-inline constexpr int64_t kSmemReservedPerCtaSm90 = 1024;  // the driver's per-CTA shared-memory reservation
 inline constexpr int64_t kRegistersPerSmSm90 = 64 * 1024;
 
 struct ActQuantShape {
@@ -46,14 +44,14 @@ struct ActQuantPlan {
   int64_t total_bytes;         // dynamic shared memory per CTA
 
   constexpr int64_t pipeline_bytes() const { return ring_bytes + column_table_bytes; }
-  constexpr int64_t per_sm_bytes() const { return ctas_per_sm * (total_bytes + kSmemReservedPerCtaSm90); }
+  constexpr int64_t per_sm_bytes() const { return ctas_per_sm * (total_bytes + budget::kSmemReservedPerCtaSm90); }
   // The register cap __launch_bounds__(threads, ctas_per_sm) gives ptxas (allocation granule: 8).
   constexpr int max_registers() const {
     const int64_t r = kRegistersPerSmSm90 / (int64_t{threads} * ctas_per_sm) / 8 * 8;
     return r > 255 ? 255 : static_cast<int>(r);
   }
   constexpr bool fits() const {
-    return stages >= kActQuantMinStages && total_bytes <= budget::kSmemPerBlockSm90 && per_sm_bytes() <= kSmemPerSmSm90;
+    return stages >= kActQuantMinStages && total_bytes <= budget::kSmemPerBlockSm90 && per_sm_bytes() <= budget::kSmemPerSmSm90;
   }
 };
 

@@ -7,10 +7,18 @@
 // Yᵀ tiles are 16 n x 8 m: 8 tokens fill an MMA (16 in MARLIN's orientation). mma.sync m16n8k16, fp32
 // accumulation.
 //
-// Numerics: exact Ŵ. The dequantized A fragment is (q − z), exact in bf16/fp16; the MMAs of one group
-// accumulate Σ x·(q − z) into fp32 partials, and at the group's end the partials are promoted with one
-// fp32 FMA per element: acc += s · partial. (MARLIN instead rounds (q − z)·s to bf16, a 2^-9 relative
-// error per weight.) The only roundings are fp32 accumulation and the final cast, like the reference.
+// Numerics: exact Ŵ. No weight is rounded (MARLIN rounds (q − z)·s to bf16, a 2^-9 relative error per
+// weight); the only roundings are fp32 accumulation and the final cast, like the reference.
+//  * fp16, and bf16 beyond 8 tokens: the A fragment is q − z, exact; the MMAs of one group accumulate
+//    Σ x·(q − z) into fp32 partials, promoted at the group's end with one fp32 FMA per element:
+//    acc += s · partial.
+//  * bf16 up to 8 tokens ("raw codes"): the A fragment is the raw code 128 + q, exact; the MMAs
+//    accumulate Σ x·(128 + q), and column-sum MMAs (A = X, B = ones) S = Σ x of each token, both in fp32.
+//    Promotion: acc += s · fma(−(128 + z), S, partial) = s · Σ x·(q − z), the difference rounded once.
+//    The partials carry the offset 128·S, so their fp32 rounding error is up to ~200 times that of
+//    Σ x·(q − z): ~1e-6 of the result, ~2e-5 for all-positive X if the tensor cores truncate (a CPU
+//    emulation). It grows with the columns per partial, so raw codes promote at least every 128 columns,
+//    per-channel scales too (a whole 8192-column partial: ~2e-3 in the same emulation).
 //
 // Work split. A CTA owns `warps` warps of W rows (up to 8 tokens a warp owns four m16 tiles = 64 rows,
 // so the X fragments, the loop and the barrier serve twice the weights; beyond, two tiles, since the
@@ -29,7 +37,8 @@
 //    row pitch works) are fetched into registers one period ahead; at the period switch they become a
 //    double-buffered shared table of {16-bit −(magic + z), 16-bit scale} per row and group.
 //  * compute: per k16 step and m16 tile, lop3 + fma dequantization (the 0x6400 fp16 / 0x4300 bf16
-//    exponent tricks; no lookup tables), ldmatrix for X, mma.sync, promotion at group ends.
+//    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), ldmatrix for X, mma.sync (raw codes:
+//    plus one column-sum MMA per token tile and two k16 steps), promotion at group ends.
 //  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials, ticket, ordered reduction).
 // Act-order: the weights are stored in argsort(g_idx) order; LaunchGemm first gathers X's columns in
 // that order (a small kernel, into the workspace) and checks g_idx against the stored permutation: a mismatch
@@ -64,11 +73,12 @@ namespace {
 // ------------------------------------------------------------------------------------------ geometry
 
 constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
+constexpr int kMaxRawCodeMTiles = 1;              // bf16 raw codes up to 8 tokens: dequantization notes
+constexpr int kRawCodesMaxPromotionCols = 128;    // raw-code partials carry an offset: see Numerics
 
-template <int kMTiles_>
+template <int kMTiles>  // n8 tiles of tokens
 struct Config {
-  static constexpr W4a16Plan kPlan = SolveW4a16Plan(kMTiles_);
-  static constexpr int kMTiles = kMTiles_;        // n8 tiles of tokens
+  static constexpr W4a16Plan kPlan = SolveW4a16Plan(kMTiles);
   static constexpr int kCtasPerSm = kPlan.ctas_per_sm;
   static constexpr int kBlockM = kPlan.block_m;   // tokens per CTA
   static constexpr int kTilesPerWarp = kPlan.tiles_per_warp;
@@ -87,7 +97,6 @@ struct Config {
   static constexpr int kFlagOffset = kTableOffset + kPlan.scale_tables_bytes;
   static constexpr int kSmemBytes = kFlagOffset + kFlagBytes;
 
-  static_assert(kMTiles == 1 || kMTiles % 2 == 0, "ldmatrix.x4 loads token tiles in pairs");
   static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kGroupsPerPeriod % 2 == 0, "32-wide groups come in pairs per atom");
   static_assert(kBlockM <= kMaxTokensPerBlock);
@@ -185,12 +194,21 @@ __device__ __forceinline__ T FromFloat(float v) {
 //
 // bf16: (w >> 4p) & 0x000f000f | 0x4300 gives 128 + q in each half (bf16 ulp at 128 is 1), and
 //       fma(·, 1, −(128 + z)) gives q − z exactly.
+//       Raw codes (up to 8 tokens): the MMA takes 128 + q as it is (3 shifts + 4 lop3 per 8 weights, no
+//       packed FMAs); the offset is removed at promotion with the column sums of X (Numerics above),
+//       which cost one MMA per token tile and two k16 steps, shared by all of the warp's m16 tiles
+//       (ColumnSums): +12.5% MMAs with 4 m16 tiles per warp. Beyond 8 tokens the token tiles multiply
+//       the MMAs but not the dequantization, and the saved FMAs no longer pay (ncu, session 4: 16 tokens
+//       62.7 -> 65.1 us at 28672 x 8192; SASS per atom: as many instructions at 32 tokens, +19% and
+//       register spills at 64): those keep the FMAs.
+//       (Tried in session 3: subtracting (128 + z) with one more MMA per k16 step and m16 tile into the
+//       tile's own accumulator. Slower: it doubled every accumulator's MMA chain and the tensor pipe
+//       throttled issue; benchmarks/NOTES.md.)
 // fp16: w & 0x000f000f | 0x6400 gives 1024 + q (ulp 1); w & 0x00f000f0 | 0x6400 gives 1024 + 16 q,
 //       and fma(·, 1/16, −(64 + z)) = q − z exactly: four registers from one shift. Rows g use the
 //       low-nibble path, rows g + 8 the high-nibble one, so each row has one fixed subtrahend form.
-// The subtrahends −(magic + z) are built once per scale period, into the scale table.
-// (Tried in session 3: subtracting (magic + z) with one more MMA per k16 step instead of the packed
-// FMAs. Slower: the tensor pipe then throttles issue; benchmarks/NOTES.md.)
+// The subtrahends −(magic + z) are built once per scale period, into the scale table (raw codes read
+// −(128 + z) there at promotion).
 
 // −(magic + z) in both halves, for a row in the lower (rows 0..7) or upper (8..15) half of its m16 tile.
 template <typename T>
@@ -203,6 +221,7 @@ __device__ __forceinline__ uint32_t NegatedSubtrahend(uint32_t zero, bool upper_
   }
 }
 
+// A fragment q − z.
 template <typename T>
 __device__ __forceinline__ void Dequantize(uint32_t w, uint32_t sub_lo, uint32_t sub_hi, uint32_t (&a)[4]) {
   if constexpr (std::is_same_v<T, __half>) {
@@ -221,6 +240,13 @@ __device__ __forceinline__ void Dequantize(uint32_t w, uint32_t sub_lo, uint32_t
   }
 }
 
+// bf16 A fragment of raw codes 128 + q.
+__device__ __forceinline__ void RawCodesBf16(uint32_t w, uint32_t (&a)[4]) {
+  constexpr uint32_t kMagic = 0x43004300u;
+#pragma unroll
+  for (int p = 0; p < 4; ++p) a[p] = AndOr(w >> (4 * p), 0x000F000Fu, kMagic);
+}
+
 // A scale table entry: the subtrahend's 16 bits (low half) and the raw 16-bit scale (high half), 4 bytes
 // per row and group, so the table leaves room for a deeper ring.
 __device__ __forceinline__ uint32_t ScaleTableEntry(uint32_t negated_subtrahend, uint32_t staged) {
@@ -229,6 +255,24 @@ __device__ __forceinline__ uint32_t ScaleTableEntry(uint32_t negated_subtrahend,
 
 __device__ __forceinline__ uint32_t EntrySubtrahend(uint32_t entry) {
   return __byte_perm(entry, 0, 0x1010);  // the low half in both halves
+}
+
+// Raw codes: −(128 + z) as an fp32 (the bf16 subtrahend's bits widened; exact).
+__device__ __forceinline__ float EntryOffsetBf16(uint32_t entry) { return __uint_as_float(entry << 16); }
+
+// ColumnSums: Σ x on the tensor cores (raw codes). The ldmatrix.x4 of a token tile over 32 k holds the
+// B fragments {b0, b1} of k16 steps j and j + 1; taken as an A fragment as it is, row g holds token g's
+// k 0..7 of both steps and row g + 8 its k 8..15. With B = ones, D[g][n] + D[g + 8][n] is Σ x of token g
+// over the 32 k, in every column n: one MMA per token tile and two k16 steps, no register moves, and no
+// token's x reaches another token's sum (a NaN stays in its own token).
+constexpr uint32_t kOnesBf16 = 0x3F803F80u;  // bf16 1.0 in both halves
+
+// Σ x of this lane's tokens 2c, 2c + 1 (acc's columns) from a column-sum accumulator d: token t's sum
+// is d[0] + d[2] in lanes 4t..4t + 3.
+__device__ __forceinline__ void TokenSums(const float (&d)[4], int lane, float (&token_sums)[2]) {
+  const float row_sum = d[0] + d[2];
+  token_sums[0] = __shfl_sync(0xFFFFFFFFu, row_sum, 8 * (lane % 4));
+  token_sums[1] = __shfl_sync(0xFFFFFFFFu, row_sum, 8 * (lane % 4) + 4);
 }
 
 template <typename T>
@@ -256,6 +300,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   using Cfg = Config<kMTiles>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kTiles = Cfg::kTilesPerWarp;
+  // bf16 up to 8 tokens: raw codes and column sums (see the dequantization notes).
+  constexpr bool kRawCodes = std::is_same_v<T, __nv_bfloat16> && kMTiles <= kMaxRawCodeMTiles;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int tid = threadIdx.x;
@@ -279,6 +325,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   const bool warp_active = warp_tiles > 0;
   const bool group32 = p.group_shift == 5;                // two groups per atom
   const int group_mask = (1 << p.group_shift) - 1;
+  // Columns per promotion - 1: a group, and with raw codes at most 128 (per-channel scales).
+  const int promotion_mask = kRawCodes ? min(group_mask, kRawCodesMaxPromotionCols - 1) : group_mask;
 
   const uint32_t weight_ring = ptx::SharedAddress(smem + Cfg::kWeightRingOffset);
   const uint32_t x_ring = ptx::SharedAddress(smem + Cfg::kXRingOffset);
@@ -385,11 +433,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     }
   }
   uint32_t sub[kTiles][2] = {};  // −(magic + z) of the current group, rows g and g + 8 of each tile
+  float sums[kMTiles][4];        // raw codes: column-sum MMA accumulators since the last promotion
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sums[mt][e] = 0.f;
+  }
   const int row_in_block = warp * Cfg::kWarpRows + lane / 4;  // row g of tile 0; tile t adds 16 t, g + 8 adds 8
-  // ldmatrix row addresses: lanes 8q..8q+7 give the 8 rows of matrix q.
-  const uint32_t x_lane_offset =
-      kMTiles == 1 ? (lane % 8) * kXRowPitch + (lane / 8) * 16                                 // k 0..31
-                   : ((lane % 8) + 8 * ((lane / 16) % 2)) * kXRowPitch + ((lane / 8) % 2) * 16;  // 2 tiles
+  // ldmatrix.x4 of one token tile and 32 k: lanes 8q..8q+7 give the 8 token rows at k 8q..8q+7.
+  const uint32_t x_lane_offset = (lane % 8) * kXRowPitch + (lane / 8) * 16;
 
   // One atom per __syncthreads: atom i is computed while the copies of the next kStages - 1 are in flight;
   // the slot refilled after the barrier held atom i - 1, which every thread finished before arriving.
@@ -415,7 +467,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     if (!warp_active) continue;
 
     const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
-    const bool atom_ends_group = (((atom + 1) * kAtomCols) & group_mask) == 0 || atom + 1 == atom_end;
+    const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 || atom + 1 == atom_end;
     const int table_index = ((local_group / kGroupsPerPeriod) & 1) * Cfg::kTableEntries +
                             (local_group % kGroupsPerPeriod) * Cfg::kBlockRows + row_in_block;
     const uint32_t weight_addr = weight_ring + atom_slot * Cfg::kStageWeightBytes + weight_lane_offset;
@@ -424,52 +476,65 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     for (int t = 0; t < kTiles; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
     const uint32_t x_addr = x_ring + atom_slot * Cfg::kStageXBytes + x_lane_offset;
 
-    uint32_t xk32[4];  // kMTiles == 1: B fragments of two k16 steps
+    uint32_t xk32[kMTiles][4];  // per token tile, the B fragments of k16 steps j and j + 1 (j even)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       // Group j / 2 of the atom (32-wide groups) or its only group; its table entries.
       const uint32_t* group_entries = scale_table + table_index + (group32 && j >= 2 ? Cfg::kBlockRows : 0);
-      if ((j == 0 && atom_starts_group) || (group32 && j == 2)) {  // a group starts
+      if (!kRawCodes && ((j == 0 && atom_starts_group) || (group32 && j == 2))) {  // a group starts
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           sub[t][0] = EntrySubtrahend(group_entries[t * kAtomRows]);
           sub[t][1] = EntrySubtrahend(group_entries[t * kAtomRows + 8]);
         }
       }
-      uint32_t xb[kMTiles][2];
-      if constexpr (kMTiles == 1) {
-        if (j % 2 == 0) ptx::LdMatrixX4(xk32, x_addr + j * 32);
-        xb[0][0] = xk32[(j % 2) * 2];
-        xb[0][1] = xk32[(j % 2) * 2 + 1];
-      } else {
+      if (j % 2 == 0) {
 #pragma unroll
-        for (int pair = 0; pair < kMTiles / 2; ++pair) {
-          uint32_t r[4];
-          ptx::LdMatrixX4(r, x_addr + pair * 16 * kXRowPitch + j * 32);
-          xb[2 * pair][0] = r[0];
-          xb[2 * pair][1] = r[1];
-          xb[2 * pair + 1][0] = r[2];
-          xb[2 * pair + 1][1] = r[3];
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          ptx::LdMatrixX4(xk32[mt], x_addr + mt * 8 * kXRowPitch + j * 32);
+          if constexpr (kRawCodes) ptx::Mma16816<T>(sums[mt], xk32[mt], kOnesBf16, kOnesBf16);
         }
+      }
+      uint32_t xb[kMTiles][2];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        xb[mt][0] = xk32[mt][(j % 2) * 2];
+        xb[mt][1] = xk32[mt][(j % 2) * 2 + 1];
       }
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
         uint32_t a[4];
-        Dequantize<T>(Word(words[t], j), sub[t][0], sub[t][1], a);
+        if constexpr (kRawCodes) {
+          RawCodesBf16(Word(words[t], j), a);
+        } else {
+          Dequantize<T>(Word(words[t], j), sub[t][0], sub[t][1], a);
+        }
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) ptx::Mma16816<T>(part[t][mt], a, xb[mt][0], xb[mt][1]);
       }
-      const bool group_ends = j == 3 ? atom_ends_group : (group32 && j == 1);
-      if (group_ends) {  // promotion: acc += s · partial, in fp32
+      const bool partial_ends = j == 3 ? atom_ends_partial : (group32 && j == 1);
+      if (partial_ends) {  // promotion: acc += s · Σ x·(q − z), in fp32
+        float token_sums[kMTiles][2];  // raw codes: Σ x of this lane's tokens 2c, 2c + 1 per token tile
+        if constexpr (kRawCodes) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            TokenSums(sums[mt], lane, token_sums[mt]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sums[mt][e] = 0.f;
+          }
+        }
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
-          const float scale[2] = {EntryScale<T>(group_entries[t * kAtomRows]),
-                                  EntryScale<T>(group_entries[t * kAtomRows + 8])};
+          const uint32_t entries[2] = {group_entries[t * kAtomRows], group_entries[t * kAtomRows + 8]};
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              acc[t][mt][e] = fmaf(scale[e / 2], part[t][mt][e], acc[t][mt][e]);
+              float exact_part = part[t][mt][e];  // Σ x·(q − z)
+              if constexpr (kRawCodes) {          // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
+                exact_part = fmaf(EntryOffsetBf16(entries[e / 2]), token_sums[mt][e % 2], exact_part);
+              }
+              acc[t][mt][e] = fmaf(EntryScale<T>(entries[e / 2]), exact_part, acc[t][mt][e]);
               part[t][mt][e] = 0.f;
             }
           }
@@ -503,23 +568,37 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     __syncthreads();
     if (!*last_flag) return;
     __threadfence();
+    // Split-major, every fragment's load of a split issued together and ~16 float4 loads in flight: the
+    // sum costs ~splits x fragments / 16 L2 round trips instead of one per split and fragment.
+    constexpr int kSplitsInFlight = std::max(1, 16 / (kTiles * kMTiles));
     if (warp_active) {
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-          for (int s = 0; s < p.splits; ++s) {
-            const float4 v = __ldcg(tile_partials + s * slot_float4s + fragment + (t * kMTiles + mt) * 32);
-            sum.x += v.x;
-            sum.y += v.y;
-            sum.z += v.z;
-            sum.w += v.w;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[t][mt][e] = 0.f;
+        }
+      }
+#pragma unroll kSplitsInFlight
+      for (int s = 0; s < p.splits; ++s) {
+        float4 v[kTiles][kMTiles];
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            v[t][mt] = __ldcg(tile_partials + s * slot_float4s + fragment + (t * kMTiles + mt) * 32);
           }
-          acc[t][mt][0] = sum.x;
-          acc[t][mt][1] = sum.y;
-          acc[t][mt][2] = sum.z;
-          acc[t][mt][3] = sum.w;
+        }
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            acc[t][mt][0] += v[t][mt].x;
+            acc[t][mt][1] += v[t][mt].y;
+            acc[t][mt][2] += v[t][mt].z;
+            acc[t][mt][3] += v[t][mt].w;
+          }
         }
       }
     }

@@ -31,8 +31,6 @@ inline constexpr int kXRowPitch = kAtomCols * 2 + 16;    // 144 B: 8 rows at one
 inline constexpr int kGroupsPerPeriod = 4;               // even: a 64-wide atom never straddles two periods
 inline constexpr int kTableEntryBytes = 4;               // 16-bit dequantization subtrahend, 16-bit scale
 inline constexpr int kFlagBytes = 16;
-inline constexpr int kSmemPerSm = 228 * 1024;
-inline constexpr int kDriverSmemPerCta = 1024;           // reserved by the driver for every resident CTA
 inline constexpr int kMinStages = 4;                     // the ring must hide HBM latency
 inline constexpr int kMaxStages = 16;
 inline constexpr int kMTileOptions[] = {1, 2, 4, 8};     // n8 token tiles per CTA the kernel instantiates
@@ -60,7 +58,7 @@ struct W4a16Plan {
   int per_sm_bytes;     // ctas_per_sm x (total + the driver's reservation)
 
   constexpr bool fits() const {
-    return stages >= kMinStages && total_bytes <= budget::kSmemPerBlockSm90 && per_sm_bytes <= kSmemPerSm;
+    return stages >= kMinStages && total_bytes <= budget::kSmemPerBlockSm90 && per_sm_bytes <= budget::kSmemPerSmSm90;
   }
 };
 
@@ -77,12 +75,12 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles) {
   p.stage_bytes = p.stage_weight_bytes + p.stage_x_bytes;
   p.scale_tables_bytes = 2 * kGroupsPerPeriod * p.block_rows * kTableEntryBytes;  // double-buffered
   p.flag_bytes = kFlagBytes;
-  const int per_cta = kSmemPerSm / p.ctas_per_sm - kDriverSmemPerCta;
+  const int per_cta = static_cast<int>(budget::kSmemPerSmSm90 / p.ctas_per_sm - budget::kSmemReservedPerCtaSm90);
   const int fit = (per_cta - p.scale_tables_bytes - p.flag_bytes) / p.stage_bytes;
   p.stages = fit < kMaxStages ? fit : kMaxStages;
   p.ring_bytes = p.stages * p.stage_bytes;
   p.total_bytes = p.ring_bytes + p.scale_tables_bytes + p.flag_bytes;
-  p.per_sm_bytes = p.ctas_per_sm * (p.total_bytes + kDriverSmemPerCta);
+  p.per_sm_bytes = p.ctas_per_sm * (p.total_bytes + budget::kSmemReservedPerCtaSm90);
   return p;
 }
 
@@ -126,13 +124,14 @@ constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
 // largest CTA's bytes over its share of the SM's bandwidth, and an SM with fewer than
 // kSaturatingWarpsPerSm warps gets a proportionally smaller share (it cannot hide the latency). Ties go
-// to more warps and fewer splits (less reduction traffic).
+// to more CTAs, then to more warps and fewer splits (less reduction traffic).
 constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   W4a16Launch plan{};
   plan.m_tiles = p.m <= 8 ? 1 : p.m <= 16 ? 2 : p.m <= 32 ? 4 : 8;
   plan.m_blocks = static_cast<int>(CeilDiv(p.m, 8 * plan.m_tiles));
   const int64_t atoms = p.k / kAtomCols;
   int64_t best_cost = INT64_MAX;
+  int64_t best_ctas = 0;
   for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
     const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles));
     const int64_t tiles = n_tiles * plan.m_blocks;
@@ -142,8 +141,12 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     const int64_t warps_per_sm = int64_t{warps} * CtasPerSm(plan.m_tiles);
     const int64_t cost = waves * warps * CeilDiv(atoms, splits) * kSaturatingWarpsPerSm /
                          std::min<int64_t>(warps_per_sm, kSaturatingWarpsPerSm);
-    if (cost < best_cost) {
+    // More CTAs at the same modeled cost: with many tokens the CTAs are compute-bound and their time
+    // follows their rows (28672 x 8192 at 64 tokens: 128 CTAs of 7 warps, not 112 of 8).
+    const int64_t ctas = tiles * splits;
+    if (cost < best_cost || (cost == best_cost && ctas > best_ctas)) {
       best_cost = cost;
+      best_ctas = ctas;
       plan.warps = warps;
       plan.n_tiles = static_cast<int>(n_tiles);
       plan.splits = static_cast<int>(splits);

@@ -23,6 +23,14 @@
 // tile c covers one token tile and `kCluster` adjacent column tiles; CTAs walk the cluster tiles in a
 // static strided order (c += #clusters), rasterized in groups of kRasterGroup token tiles so the CTAs
 // running at the same time share weight tiles and token tiles in L2. Every role walks the same order.
+// Stream-K (decode tiles, cluster 1, when the tiles do not divide over the CTAs: W4A4UsesStreamK in the
+// plan header): the grid is every resident CTA and CTA b runs the iterations [b T / G, (b + 1) T / G) of
+// the T = tiles x k-stages, as segments (tile, k-stage range). The segment holding a tile's first k-stage
+// finishes it (low-rank, α/β, epilogue: only these segments have low-rank items); a segment that starts
+// inside a tile (only the first of a range) stores its fp32 accumulators in its CTA's workspace slot and
+// sets a flag (st.release.gpu); the finisher waits for the flags of the later CTAs of its tile
+// (ld.acquire.gpu) and adds their slots in CTA order, so the result is deterministic. Those CTAs run that
+// segment first and never wait, so every wait ends (all CTAs are resident: the grid is the occupancy).
 //
 // Warp roles (384 threads = 3 warpgroups; setmaxnreg moves registers to the MMA warps):
 //   warpgroup 0, producers, setmaxnreg.dec 40:
@@ -31,7 +39,8 @@
 //               need 16-byte rows, so the scales go through cp.async with mbarrier completion)
 //     warp 1    low-rank pipeline: TMA of the L_up chunk, its half of the LA chunk (multicast), α/β
 //     warps 2-3 convert the LA chunk fp32 -> output dtype into the swizzled wgmma B buffer
-//   warpgroups 1-2, consumers, setmaxnreg.inc 232: 64 output columns each; the main loop, α, the
+//   warpgroups 1-2, consumers, setmaxnreg.inc 232 (96 with two CTAs per SM: ConsumerRegisters): 64
+//     output columns each; the main loop, α, the
 //     low-rank wgmmas, and the epilogue (+β, stmatrix into the swizzled staging tile, TMA store).
 //
 // Three pipelines, each with its own mbarriers and one explicit PipeState {index, phase} per role,
@@ -97,12 +106,15 @@
 //
 // Shared memory (W4A4Plan, python -m jax_w4a4.budget; static_assert'ed here, + 1 KB to align the base;
 // decode tiles include the 2 KB correction operand, filled once by the last warpgroup at kernel start):
-//   tokens  cluster  main stages  low-rank stages  total
-//      8       1          8             2          124160 B
-//     16       1          8             2          140544 B
-//     32       1          8             2          173312 B
-//     64       2          7             2          220672 B
-//    128       2          5             2          228480 B   (of 232448)
+//   tokens  cluster  CTAs/SM  main stages  low-rank stages  total
+//      8       1        2          7             2          114304 B
+//     16       1        2          5             2          107776 B
+//     32       1        1          8             2          173312 B
+//     64       2        1          7             2          220672 B
+//    128       2        1          5             2          228480 B   (of 231424: 227 KB less the slack)
+// Two CTAs per SM (8- and 16-token tiles, W4A4CtasPerSm): each plan is solved against half the SM
+// (114688 B with the slack and the driver's 1 KB), registers 80 per thread at launch, so setmaxnreg
+// moves 40 -> producers and 96 -> consumers inside each CTA's pool of 384 x 80.
 //
 // Estimate (per CTA of 128 columns x 128 tokens, per group of 64 k, H200 at ~1.83 GHz):
 //   tensor:     128 x 128 x 64 x 2 = 2.1 MFLOP = 256 clk at 8192 fp8 flop/clk/SM (1979 TFLOPS dense).
@@ -125,8 +137,9 @@
 //      8 warps x 137 / 4 schedulers = 274 issue clk per 8 KB: ~7 TB/s at full issue over 132 SMs, so
 //      memory-bound again at >= 60% issue efficiency (8 tokens: 230 clk). The tensor cores run 8 small
 //      wgmmas per stage per warpgroup (4 of them the corrections, whose A tile costs 2 KB of shared-memory
-//      reads each). At 8192 x 8192 only 64 CTAs stream the weights (64 column tiles): split-K would be
-//      the next step there.
+//      reads each). Measured (session 4): the consumers' per-stage chain with 2 consumer warps per
+//      scheduler was the limit, not the rounds of tiles nor the ring depth: two CTAs per SM took
+//      1 x 28672 x 8192 from 51.5 to ~45 us; stream-K keeps all CTAs busy when the tiles do not divide.
 //   fp8 activations could promote with 3 ops per 2 groups (s_x is per 128).
 
 #include <cuda.h>  // CUtensorMap and its enums (types only; libcuda is reached through the runtime)
@@ -176,8 +189,14 @@ constexpr int kConsumerThreads = 128;  // per consumer warpgroup
 constexpr int kConsumerWarps = 8;      // both consumer warpgroups
 constexpr int kConverterWarps = 2;     // producer warps 2-3
 constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
-static_assert(kProducerRegisters * 128 + kConsumerRegisters * 256 <= 65536, "register file");
+// A CTA owns threads x (registers per thread at launch) for its lifetime: __launch_bounds__ gives
+// 64K / (threads x CTAs per SM), in the allocation granule of 8. setmaxnreg only moves registers inside
+// that pool (an .inc beyond it blocks forever), so a consumer thread gets the pool less the producers'.
+constexpr int LaunchRegisters(int ctas_per_sm) { return 65536 / (kThreads * ctas_per_sm) / 8 * 8; }
+constexpr int ConsumerRegisters(int ctas_per_sm) {
+  return (LaunchRegisters(ctas_per_sm) * kThreads - kProducerRegisters * 128) / 256 / 8 * 8;
+}
+static_assert(ConsumerRegisters(1) == 232 && ConsumerRegisters(2) == 96, "register split");
 constexpr int kRasterGroup = 8;        // token tiles per rasterization group
 constexpr int kWeightBlockBytes = 2048;  // 64 rows x 64 k: one group of one consumer warpgroup (prepacked)
 constexpr int kMaxRank = 256;
@@ -189,6 +208,9 @@ struct Config {
   static constexpr int kTileN = kShape.tile_n;
   static constexpr int kTileM = kShape.tile_m;
   static constexpr int kCluster = kShape.cluster;
+  static constexpr bool kStreamK = kCluster == 1;  // may split tiles over CTAs (W4A4UsesStreamK decides)
+  static constexpr int kCtasPerSm = kPlan.ctas_per_sm();
+  static constexpr int kConsumerRegisters = ConsumerRegisters(kCtasPerSm);
   static constexpr int kLoraChunk = kShape.lora_chunk;
   static constexpr int kStages = kPlan.main_stages;
   static constexpr int kLoraStages = kPlan.lora_stages;
@@ -200,7 +222,8 @@ struct Config {
   // token tiles (decode) are bound by the latency of one stage's wait-promote-release chain, not by the
   // tensor cores: four (tiles 8, 16) or two (tile 32) stages in flight per chain; each unit then has its
   // own partial set (4, 8 or 16 registers). Larger tiles alternate two sets, one promoted while the other runs.
-  static constexpr int kStagesPerStep = kTileM <= 16 ? 4 : kTileM <= 32 ? 2 : 1;
+  // Two CTAs per SM leave 96 registers per consumer thread: two stages of weight fragments, not four.
+  static constexpr int kStagesPerStep = kCtasPerSm > 1 ? 2 : kTileM <= 16 ? 4 : kTileM <= 32 ? 2 : 1;
   static constexpr int kPartSets = kTileM <= 32 ? kStagesPerStep * kSlices * 2 : 2;
   static_assert(kPartSets <= 8, "WgmmaWaitPending covers up to 7 pending groups");
   // Decode tiles convert the weights to offset codes (byte q + 8, Int4x8ToOffsetE4m3) and cancel the
@@ -237,10 +260,14 @@ struct Config {
   static constexpr int kLoraConvertedArrivals = kConverterWarps;
   static constexpr int kLoraEmptyArrivals = kConsumerWarps + kConverterWarps * kCluster;
 
-  static constexpr int64_t kSmemBytes = kPlan.total_bytes() + budget::kSwizzledAlign;  // + base alignment
+  static constexpr int64_t kSmemBytes = kPlan.total_bytes() + kW4A4SmemAlignSlack;  // + base alignment
 
   static_assert(kPlan.fits(), "the shared-memory plan does not fit");
   static_assert(kSmemBytes <= budget::kSmemPerBlockSm90, "plan + base alignment exceeds 227 KB");
+  static_assert(kCtasPerSm * (kSmemBytes + budget::kSmemReservedPerCtaSm90) <= budget::kSmemPerSmSm90,
+                "kCtasPerSm CTAs must fit one SM's shared memory");
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * LaunchRegisters(kCtasPerSm),
+                "setmaxnreg must stay inside the CTA's register pool");
   static_assert(kTileN == 128, "two consumer warpgroups of 64 columns");
   static_assert(kTileM % 8 == 0 && kTileM <= 128 && kTileM % kSliceN == 0, "token tile");
   static_assert(kTileM % 16 == 0 || kTileM == 8, "the epilogue stores blocks of 16 tokens, or one of 8");
@@ -345,6 +372,11 @@ struct KernelParams {
   int n_tiles;        // column tiles of 128
   int n_groups;       // cluster tiles along N: ceil(n_tiles / cluster)
   int cluster_tiles;  // m_tiles x n_groups
+  // Stream-K (w4a4_gemm_plan.h; cluster 1 only): iterations = cluster_tiles x k_stages dealt evenly over
+  // the grid; 0 runs whole tiles in rounds.
+  int iterations;    // iterations x gridDim.x < 2^31 (W4A4UsesStreamK)
+  float4* partials;  // per CTA and consumer warpgroup: the fp32 partial of the CTA's leading segment
+  uint32_t* flags;   // per CTA and consumer warpgroup: 1 once that partial is written (zeroed before launch)
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -456,6 +488,17 @@ __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.as
 
 __device__ __forceinline__ void NamedBarrierSync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Stream-K flags: GPU-scope release/acquire (the partial's stores, fenced, happen before the flag).
+__device__ __forceinline__ void StoreRelease(uint32_t* flag, uint32_t value) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* flag) {
+  uint32_t value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
+  return value;
 }
 
 template <int kRegisters>
@@ -833,6 +876,55 @@ __device__ __forceinline__ int TokenHalvesInBounds(const Tile& tile, const Kerne
   return (rows + C::kHalfRows - 1) / C::kHalfRows;
 }
 
+// A CTA's work, walked identically by every role: segments (cluster tile, k-stages [ks_begin, ks_end)).
+// Whole tiles in rounds (ct += #clusters), or, with stream-K, the CTA's range of iterations
+// [b T / G, (b + 1) T / G): its leading segment may be the tail of a tile, its last the head of one.
+// The walk keeps no 64-bit state (the consumers' registers are tight): the next segment follows from the
+// current one.
+struct Segment {
+  int ct;
+  int ks_begin;
+  int ks_end;
+};
+
+// The segment that runs a tile's first k-stage finishes the tile (low-rank, α/β, epilogue); the others only
+// leave partials.
+__device__ __forceinline__ bool FinishesTile(const Segment& s) { return s.ks_begin == 0; }
+
+__device__ __forceinline__ int RangeBegin(const KernelParams& p, uint32_t cta) {
+  return static_cast<int>(static_cast<uint32_t>(p.iterations) * cta / gridDim.x);
+}
+
+// Stream-K: the segment of this CTA's range that starts at iteration i, if i is inside the range.
+__device__ __forceinline__ bool SegmentAt(const KernelParams& p, int i, Segment& s) {
+  const int end = RangeBegin(p, blockIdx.x + 1);
+  if (i >= end) return false;
+  s.ct = i / p.k_stages;
+  s.ks_begin = i - s.ct * p.k_stages;
+  s.ks_end = min(p.k_stages, s.ks_begin + (end - i));
+  return true;
+}
+
+template <class C>
+__device__ __forceinline__ bool FirstSegment(const KernelParams& p, Segment& s) {
+  if (C::kStreamK && p.iterations > 0) return SegmentAt(p, RangeBegin(p, blockIdx.x), s);
+  s = Segment{static_cast<int>(blockIdx.x / C::kCluster), 0, p.k_stages};
+  return s.ct < p.cluster_tiles;
+}
+
+template <class C>
+__device__ __forceinline__ bool NextSegment(const KernelParams& p, Segment& s) {
+  if (C::kStreamK && p.iterations > 0) return SegmentAt(p, s.ct * p.k_stages + s.ks_end, s);
+  s.ct += gridDim.x / C::kCluster;
+  return s.ct < p.cluster_tiles;
+}
+
+// Stream-K: the CTA whose range holds iteration i (ranges begin at floor(b T / G)).
+__device__ __forceinline__ int OwnerOfIteration(const KernelParams& p, int i) {
+  const uint32_t t = static_cast<uint32_t>(p.iterations);
+  return static_cast<int>((static_cast<uint32_t>(i + 1) * gridDim.x + t - 1) / t - 1);
+}
+
 __device__ __forceinline__ int LoraItems(int rank, int chunk) { return rank > 0 ? (rank + chunk - 1) / chunk : 1; }
 
 // ---------------------------------------------------------------------------------------------------
@@ -856,8 +948,9 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
   using L = Smem<C>;
   const int scale_row_bytes = p.k / 32;  // (k/64) x 16-bit or (k/128) x fp32
   PipeState<C::kStages> state;
-  for (int ct = blockIdx.x / C::kCluster; ct < p.cluster_tiles; ct += gridDim.x / C::kCluster) {
-    const Tile tile = TileAt<C>(ct, p, cta_rank);
+  Segment seg;
+  for (bool more = FirstSegment<C>(p, seg); more; more = NextSegment<C>(p, seg)) {
+    const Tile tile = TileAt<C>(seg.ct, p, cta_rank);
     const int halves = TokenHalvesInBounds<C>(tile, p);
     const bool issue_half = static_cast<int>(cta_rank) < halves;
     const uint32_t tx = (tile.valid ? C::kWeightBytes : 0) + halves * C::kActHalfBytes;
@@ -865,7 +958,7 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
     const uint8_t* wscale_rows = p.wscales + (tile.valid ? int64_t{tile.n0 + lane} * scale_row_bytes : 0);
     const int wscale_step = tile.valid ? 32 * scale_row_bytes : 0;
     const uint8_t* xscale_rows = p.s_x + int64_t{tile.m0 + lane} * scale_row_bytes;
-    for (int ks = 0; ks < p.k_stages; ++ks) {
+    for (int ks = seg.ks_begin; ks < seg.ks_end; ++ks) {
       const int s = state.index;
       MbarWait(bar.Empty(s), state.phase ^ 1);
       const uint32_t full = bar.Full(s);
@@ -913,8 +1006,10 @@ __device__ void ProduceLowRank(const CUtensorMap& tm_up, const CUtensorMap& tm_l
   using L = Smem<C>;
   const int items = LoraItems(p.rank, C::kLoraChunk);
   PipeState<C::kLoraStages> state;
-  for (int ct = blockIdx.x / C::kCluster; ct < p.cluster_tiles; ct += gridDim.x / C::kCluster) {
-    const Tile tile = TileAt<C>(ct, p, cta_rank);
+  Segment seg;
+  for (bool more = FirstSegment<C>(p, seg); more; more = NextSegment<C>(p, seg)) {
+    if (!FinishesTile(seg)) continue;
+    const Tile tile = TileAt<C>(seg.ct, p, cta_rank);
     const int halves = TokenHalvesInBounds<C>(tile, p);
     const bool issue_half = static_cast<int>(cta_rank) < halves;
     for (int item = 0; item < items; ++item) {
@@ -969,7 +1064,9 @@ __device__ void ConvertLowRank(const KernelParams& p, uint32_t smem, Barriers<C>
   constexpr int kSwizzleMask = C::kLaRowBytes == 128 ? 7 : 3;
   const int items = LoraItems(p.rank, C::kLoraChunk);
   PipeState<C::kLoraStages> state;
-  for (int ct = blockIdx.x / C::kCluster; ct < p.cluster_tiles; ct += gridDim.x / C::kCluster) {
+  Segment seg;
+  for (bool more = FirstSegment<C>(p, seg); more; more = NextSegment<C>(p, seg)) {
+    if (!FinishesTile(seg)) continue;
     for (int item = 0; item < items; ++item) {
       const int s = state.index;
       MbarWait(bar.LoraFull(s), state.phase);
@@ -1131,8 +1228,13 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     }
   };
 
-  for (int ct = blockIdx.x / C::kCluster; ct < p.cluster_tiles; ct += gridDim.x / C::kCluster) {
-    const Tile tile = TileAt<C>(ct, p, cta_rank);
+  // Stream-K partial slot of a CTA for this warpgroup: float4 f of thread t at f x 128 + t (coalesced).
+  constexpr int kPartialFloat4s = kSlices * kSliceN / 8;
+  auto partial_slot = [&](int cta) { return p.partials + (int64_t{cta} * 2 + wg) * (kConsumerThreads * kPartialFloat4s); };
+
+  Segment seg;
+  for (bool more = FirstSegment<C>(p, seg); more; more = NextSegment<C>(p, seg)) {
+    const Tile tile = TileAt<C>(seg.ct, p, cta_rank);
 #pragma unroll
     for (int sl = 0; sl < kSlices; ++sl) {
 #pragma unroll
@@ -1140,12 +1242,55 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     }
 
     // ---- main loop: steps of kStagesPerStep K-stages, then single stages for the remainder
+    const int stages = seg.ks_end - seg.ks_begin;
     int ks = 0;
-    for (; ks + C::kStagesPerStep <= p.k_stages; ks += C::kStagesPerStep) {
+    for (; ks + C::kStagesPerStep <= stages; ks += C::kStagesPerStep) {
       main_step(std::integral_constant<int, C::kStagesPerStep>{});
     }
     if constexpr (C::kStagesPerStep > 1) {
-      for (; ks < p.k_stages; ++ks) main_step(std::integral_constant<int, 1>{});
+      for (; ks < stages; ++ks) main_step(std::integral_constant<int, 1>{});
+    }
+
+    // ---- stream-K: a segment that does not finish its tile publishes its partial; the finishing segment
+    // adds those of the CTAs that ran the rest of the tile, in CTA order (deterministic). They ran them
+    // first in their ranges and never wait, so the wait below always ends.
+    if (C::kStreamK && !FinishesTile(seg)) {
+      float4* slot = partial_slot(blockIdx.x);
+#pragma unroll
+      for (int sl = 0; sl < kSlices; ++sl) {
+#pragma unroll
+        for (int i = 0; i < kSliceN / 2; i += 4) {
+          slot[((sl * kSliceN / 2 + i) / 4) * kConsumerThreads + tid] =
+              make_float4(acc[sl][i], acc[sl][i + 1], acc[sl][i + 2], acc[sl][i + 3]);
+        }
+      }
+      __threadfence();
+      NamedBarrierSync(1 + wg, kConsumerThreads);
+      if (tid == 0) StoreRelease(p.flags + 2 * blockIdx.x + wg, 1u);
+      continue;
+    }
+    if (C::kStreamK && seg.ks_end < p.k_stages) {
+      const int last_cta = OwnerOfIteration(p, (seg.ct + 1) * p.k_stages - 1);
+      if (tid == 0) {
+        for (int cta = blockIdx.x + 1; cta <= last_cta; ++cta) {
+          while (LoadAcquire(p.flags + 2 * cta + wg) == 0) __nanosleep(64);
+        }
+      }
+      NamedBarrierSync(1 + wg, kConsumerThreads);
+      for (int cta = blockIdx.x + 1; cta <= last_cta; ++cta) {
+        const float4* slot = partial_slot(cta);
+#pragma unroll
+        for (int sl = 0; sl < kSlices; ++sl) {
+#pragma unroll
+          for (int i = 0; i < kSliceN / 2; i += 4) {
+            const float4 v = __ldcg(slot + ((sl * kSliceN / 2 + i) / 4) * kConsumerThreads + tid);
+            acc[sl][i] += v.x;
+            acc[sl][i + 1] += v.y;
+            acc[sl][i + 2] += v.z;
+            acc[sl][i + 3] += v.w;
+          }
+        }
+      }
     }
 
     // ---- α, then the low-rank up projection into the same accumulators
@@ -1245,7 +1390,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
 }
 
 template <int kShapeIndex, class OutT, bool kFp8Act>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
     W4A4GemmKernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x,
                    const __grid_constant__ CUtensorMap tm_la, const __grid_constant__ CUtensorMap tm_up,
                    const __grid_constant__ CUtensorMap tm_y, const __grid_constant__ KernelParams p) {
@@ -1301,7 +1446,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ConvertLowRank<C, OutT>(p, smem, bar, threadIdx.x - 64, lane);
     }
   } else {
-    SetMaxRegistersInc<kConsumerRegisters>();
+    SetMaxRegistersInc<C::kConsumerRegisters>();
     Consume<C, OutT, kFp8Act>(tm_y, p, smem, bar, cta_rank, warp / 4 - 1, threadIdx.x % 128);
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
@@ -1426,22 +1571,31 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
     }
     return std::max(clusters, 1);
   }();
-  config.gridDim = dim3(std::min(resident_clusters, p.cluster_tiles) * C::kCluster);
+  int clusters = std::min(resident_clusters, p.cluster_tiles);
+  if constexpr (C::kStreamK) {
+    // Stream-K over the CTAs the workspace was planned for (and that are resident at once: the finishing
+    // segments wait for partials of other CTAs).
+    const int ctas = std::min(resident_clusters, args.num_sms * C::kCtasPerSm);
+    if (W4A4UsesStreamK(m, n, k, ctas) && args.workspace_bytes >= W4A4StreamKWorkspaceBytes(C::kTileM, ctas)) {
+      uint8_t* workspace = static_cast<uint8_t*>(args.workspace);
+      p.flags = reinterpret_cast<uint32_t*>(workspace);
+      p.partials = reinterpret_cast<float4*>(workspace + W4A4StreamKFlagBytes(ctas));
+      p.iterations = p.cluster_tiles * p.k_stages;
+      clusters = ctas;
+      const cudaError_t status = cudaMemsetAsync(p.flags, 0, W4A4StreamKFlagBytes(ctas), stream);
+      if (status != cudaSuccess) return status;
+    }
+  }
+  config.gridDim = dim3(clusters * C::kCluster);
   return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_la, tm_up, tm_y, p);
 }
 
 // Token tile by M (the plan's kW4A4Shapes order): 8, 16, 32, 64 (cluster 2) or 128 (cluster 2).
 constexpr int kShapeCount = sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]);
-int ShapeForTokens(int64_t m) {
-  for (int i = 0; i + 1 < kShapeCount; ++i) {
-    if (m <= kW4A4Shapes[i].tile_m) return i;
-  }
-  return kShapeCount - 1;
-}
 
 template <class OutT, bool kFp8Act>
 cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
-  switch (ShapeForTokens(args.m)) {
+  switch (W4A4ShapeIndexForTokens(args.m)) {
     case 0:
       return LaunchShape<0, OutT, kFp8Act>(args, stream);
     case 1:
@@ -1457,7 +1611,7 @@ cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
 
 static_assert(kShapeCount == 5 && kW4A4Shapes[0].tile_m == 8 && kW4A4Shapes[1].tile_m == 16 &&
                   kW4A4Shapes[2].tile_m == 32 && kW4A4Shapes[3].tile_m == 64 && kW4A4Shapes[4].tile_m == 128,
-              "ShapeForTokens walks the plan's shapes by increasing token tile");
+              "W4A4ShapeIndexForTokens walks the plan's shapes by increasing token tile");
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 

@@ -29,14 +29,20 @@ struct W4A4GemmSm90Args {
   int64_t rank;
   HalfType out_type;
   ActFormat act_format;
+  // Stream-K workspace (w4a4_gemm_plan.h, W4A4WorkspaceBytes planned for num_sms CTAs); with fewer bytes
+  // than the launch needs, whole tiles run in rounds instead.
+  void* workspace;
+  int64_t workspace_bytes;
+  int num_sms;
 };
 
 // The shapes the kernel serves: n and k positive multiples of 128, rank a multiple of 16 in [0, 256],
 // 0 <= m < 2^31 (m == 0 launches nothing). Returns nullptr when served, else the violated rule.
 const char* CheckW4A4GemmSm90Shape(int64_t m, int64_t n, int64_t k, int64_t rank);
 
-// Enqueues the kernel on `stream`: no host sync, no allocation, CUDA-graph safe (the TMA descriptors
-// are encoded on the host for every call and passed as kernel parameters). Returns
+// Enqueues the kernel on `stream` (with stream-K, after a memset of the workspace's flags): no host sync,
+// no allocation, CUDA-graph safe (the TMA descriptors are encoded on the host for every call and passed
+// as kernel parameters). Returns
 // cudaErrorInvalidValue for a shape outside CheckW4A4GemmSm90Shape or a pointer that is not 16-byte
 // aligned, otherwise the launch status.
 cudaError_t LaunchW4A4GemmSm90(const W4A4GemmSm90Args& args, cudaStream_t stream);

@@ -40,6 +40,22 @@ inline constexpr int kW4A4MinMainStages = 3;    // below this the MMA waits on T
 constexpr bool W4A4OffsetWeights(const W4A4Shape& s) { return s.tile_m <= 32; }
 inline constexpr int kW4A4CorrectionBytes = 64 * 32;
 
+// CTAs per SM an instance is built for (__launch_bounds__, registers, shared memory). Decode tiles up to
+// 16 tokens issue little per stage and wait on the latency of each warp's chain (LDS, conversion, wgmma,
+// promotion): two independent CTAs per SM hide it. Larger tiles need the registers and shared memory of one.
+constexpr int W4A4CtasPerSm(const W4A4Shape& s) { return W4A4OffsetWeights(s) && s.tile_m <= 16 ? 2 : 1; }
+
+// The kernel aligns its shared-memory base to 1 KB, so it allocates the plan's bytes + 1 KB.
+inline constexpr int64_t kW4A4SmemAlignSlack = budget::kSwizzledAlign;
+
+// Plan bytes one CTA may use: its share of the SM (less the driver's reservation and the alignment slack),
+// at most the per-block limit.
+constexpr int64_t W4A4SmemLimit(const W4A4Shape& s) {
+  const int64_t share = budget::kSmemPerSmSm90 / W4A4CtasPerSm(s) - budget::kSmemReservedPerCtaSm90;
+  const int64_t block = share < budget::kSmemPerBlockSm90 ? share : budget::kSmemPerBlockSm90;
+  return block - kW4A4SmemAlignSlack;
+}
+
 struct W4A4Plan {
   static constexpr int kObjects = 11;
   W4A4Shape shape;
@@ -72,9 +88,9 @@ struct W4A4Plan {
     for (const auto& o : objects) sum += o.footprint();
     return sum;
   }
-  constexpr bool fits() const {
-    return total_bytes() <= budget::kSmemPerBlockSm90 && main_stages >= kW4A4MinMainStages;
-  }
+  constexpr int ctas_per_sm() const { return W4A4CtasPerSm(shape); }
+  constexpr int64_t smem_limit() const { return W4A4SmemLimit(shape); }
+  constexpr bool fits() const { return total_bytes() <= smem_limit() && main_stages >= kW4A4MinMainStages; }
 };
 
 constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
@@ -118,7 +134,7 @@ constexpr W4A4Plan SolveW4A4Plan(W4A4Shape s) {
   for (int lora_stages = 2; lora_stages >= 1; --lora_stages) {
     for (int main_stages = kW4A4MaxMainStages; main_stages >= 1; --main_stages) {
       plan = MakeW4A4Plan(s, main_stages, lora_stages);
-      if (plan.total_bytes() <= budget::kSmemPerBlockSm90) break;
+      if (plan.total_bytes() <= plan.smem_limit()) break;
     }
     if (plan.fits()) return plan;
   }
@@ -134,5 +150,53 @@ inline constexpr W4A4Shape kW4A4Shapes[] = {
     {128, 64, 2, 64, 8},
     {128, 128, 2, 32, 8},
 };
+
+// The instance that serves M tokens: the smallest token tile that holds them (128 beyond).
+constexpr int W4A4ShapeIndexForTokens(int64_t m) {
+  constexpr int kCount = sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]);
+  for (int i = 0; i + 1 < kCount; ++i) {
+    if (m <= kW4A4Shapes[i].tile_m) return i;
+  }
+  return kCount - 1;
+}
+
+// ---- Stream-K (decode tiles, no cluster)
+// The persistent grid runs whole tiles in rounds; when the tiles do not divide over the CTAs (28672
+// columns = 224 tiles on 132 SMs: 2 rounds where 1.7 would do; 8192 columns = 64 tiles: half the SMs
+// idle) the (tile, k-stage) iterations are instead dealt evenly: CTA b runs [b T / G, (b + 1) T / G).
+// A tile cut by a range boundary is finished (low-rank, epilogue) by the CTA that runs its first
+// k-stage; the CTAs that run its later k-stages do so first in their ranges and leave fp32 partials in
+// the workspace, one slot per CTA and consumer warpgroup, each published by a flag.
+inline constexpr int kW4A4StreamKMinStagesPerCta = 4;  // below this the per-CTA fixed costs dominate
+inline constexpr int64_t kW4A4WorkspaceAlign = 256;
+
+constexpr bool W4A4UsesStreamK(int64_t m, int64_t n, int64_t k, int64_t ctas) {
+  const W4A4Shape s = kW4A4Shapes[W4A4ShapeIndexForTokens(m)];
+  if (s.cluster != 1 || ctas < 1 || m < 1 || n < s.tile_n || k < kW4A4TileK) return false;
+  const int64_t tiles = (m + s.tile_m - 1) / s.tile_m * (n / s.tile_n);
+  const int64_t iterations = tiles * (k / kW4A4TileK);
+  return tiles % ctas != 0 && iterations >= kW4A4StreamKMinStagesPerCta * ctas &&
+         iterations * ctas < (int64_t{1} << 31);  // the kernel's range arithmetic is 32-bit
+}
+
+// Stream-K workspace for `ctas` CTAs of token tile `tile_m`: the flags (zeroed before each launch), then
+// one fp32 partial tile per CTA.
+constexpr int64_t W4A4StreamKFlagBytes(int64_t ctas) {
+  return (ctas * 2 * 4 + kW4A4WorkspaceAlign - 1) / kW4A4WorkspaceAlign * kW4A4WorkspaceAlign;
+}
+constexpr int64_t W4A4StreamKWorkspaceBytes(int tile_m, int64_t ctas) {
+  return W4A4StreamKFlagBytes(ctas) + ctas * int64_t{kW4A4Shapes[0].tile_n} * tile_m * 4;
+}
+
+// Workspace bytes of one launch planned for num_sms SMs (0 without stream-K), for the instance's CTAs per
+// SM: the FFI lowering sizes the op's workspace result with it (jax_w4a4/ops/primitives.py).
+constexpr int64_t W4A4WorkspaceBytes(int64_t m, int64_t n, int64_t k, int64_t num_sms) {
+  const W4A4Shape s = kW4A4Shapes[W4A4ShapeIndexForTokens(m)];
+  const int64_t ctas = num_sms * W4A4CtasPerSm(s);
+  if (!W4A4UsesStreamK(m, n, k, ctas)) return 0;
+  return W4A4StreamKWorkspaceBytes(s.tile_m, ctas);
+}
+static_assert(kW4A4Shapes[0].tile_n == 128 && kW4A4Shapes[1].tile_n == 128 && kW4A4Shapes[2].tile_n == 128,
+              "stream-K partial slots are sized with the decode tiles' common width");
 
 }  // namespace jax_w4a4::sm90
