@@ -46,7 +46,7 @@ def _logical(weights):
 
 def _numpy_layer(x, logical, act_format):
     """Independent float64 math of the logical layer; a trailing fp8 group of 64 (K = 576) is a group
-    of its own: scale = its absmax / 448."""
+    of its own: scale = its absmax / 448. Returns Y (float64) and the slack for LA's rounding."""
     x32 = np.asarray(x, np.float32)
     x_hat = (x32 / np.asarray(logical["smooth"], np.float32)).astype(np.float32)
     k = x_hat.shape[-1]
@@ -64,10 +64,11 @@ def _numpy_layer(x, logical, act_format):
         x_group = 64
     q_w = numpy_spec.unpack_nibbles(logical["qweight"], signed=True)
     la = x32.astype(np.float64) @ np.asarray(logical["lora_down"], np.float64)
-    return numpy_spec.w4a4_gemm(
+    y64 = numpy_spec.w4a4_gemm(
         x_values, x_scales, x_group, q_w, np.asarray(logical["wscales"], np.float32), la,
         np.asarray(logical["lora_up"], np.float32), ml_dtypes.bfloat16, bias=np.asarray(logical["bias"], np.float32),
     )
+    return y64, numpy_spec.la_rounding_slack(x32, logical["lora_down"], logical["lora_up"], ml_dtypes.bfloat16)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -82,8 +83,8 @@ def test_padded_layer_is_the_logical_layer(rng, n, k, mode):
     y = jax.jit(jax_w4a4.linear)(x, weights)
     assert y.shape == (3, 5, n) and y.dtype == jnp.bfloat16
     logical = _logical(weights)
-    numpy_spec.assert_close_to_rounded(np.asarray(y, np.float32), _numpy_layer(x, logical, weights.act_format),
-                                       ml_dtypes.bfloat16)
+    y64, la_slack = _numpy_layer(x, logical, weights.act_format)
+    numpy_spec.assert_close_to_rounded(np.asarray(y, np.float32), y64, ml_dtypes.bfloat16, extra_slack=la_slack)
     if weights.act_format == "fp8" and k % 128:
         return  # no unpadded reference: the fp8 group of 128 does not divide K = 576
     # Where the unpadded layer exists, the padded one computes exactly its values.
@@ -106,10 +107,8 @@ def test_calibrated_padded_layer_save_load(rng, tmp_path, mode):
     assert (layer.in_features, layer.out_features) == (k, n) and (weights.in_padding, weights.out_padding) != (0, 0)
     y = layer(x)
     assert y.shape == (64, n)
-    numpy_spec.assert_close_to_rounded(
-        np.asarray(y, np.float32), _numpy_layer(x.astype(jnp.bfloat16), _logical(weights), weights.act_format),
-        ml_dtypes.bfloat16,
-    )
+    y64, la_slack = _numpy_layer(x.astype(jnp.bfloat16), _logical(weights), weights.act_format)
+    numpy_spec.assert_close_to_rounded(np.asarray(y, np.float32), y64, ml_dtypes.bfloat16, extra_slack=la_slack)
     qnn.save_quantized(model, tmp_path)
     fresh = nnx.Sequential(nnx.Linear(k, n, rngs=nnx.Rngs(0)))
     loaded = qnn.load_quantized(fresh, tmp_path).layers[0]
