@@ -222,8 +222,9 @@ struct Config {
   // token tiles (decode) are bound by the latency of one stage's wait-promote-release chain, not by the
   // tensor cores: four (tiles 8, 16) or two (tile 32) stages in flight per chain; each unit then has its
   // own partial set (4, 8 or 16 registers). Larger tiles alternate two sets, one promoted while the other runs.
-  // Two CTAs per SM leave 96 registers per consumer thread: two stages of weight fragments, not four.
-  static constexpr int kStagesPerStep = kCtasPerSm > 1 ? 2 : kTileM <= 16 ? 4 : kTileM <= 32 ? 2 : 1;
+  // Two CTAs per SM leave 96 registers per consumer thread: two stages of weight fragments at 8 tokens, one at
+  // 16 (two would not fit beside the 16-token partials, and ptxas would serialize the wgmmas, C7512).
+  static constexpr int kStagesPerStep = kCtasPerSm > 1 ? (kTileM <= 8 ? 2 : 1) : kTileM <= 16 ? 4 : kTileM <= 32 ? 2 : 1;
   static constexpr int kPartSets = kTileM <= 32 ? kStagesPerStep * kSlices * 2 : 2;
   static_assert(kPartSets <= 8, "WgmmaWaitPending covers up to 7 pending groups");
   // Decode tiles convert the weights to offset codes (byte q + 8, Int4x8ToOffsetE4m3) and cancel the
@@ -238,7 +239,9 @@ struct Config {
   static constexpr int kWeightScaleBytes = kTileN * 4;       // 2 groups x 16-bit per column
   static constexpr int kActBytes = kTileM * kTileK;          // e4m3 codes
   static constexpr int kActHalfBytes = kHalfRows * kTileK;
-  static constexpr int kActScaleBytes = kTileM * 4;          // 2 x 16-bit (int4/uint4) or 1 x fp32 (fp8)
+  static constexpr bool kScaleProductTile = W4A4ScaleProductMma(kShape);  // with 16-bit activation scales
+  static constexpr int kActScalePitch = W4A4ActScalePitch(kShape);  // bytes per token row of the scale buffer
+  static constexpr int kActScaleBytes = kTileM * kActScalePitch;   // 2 x 16-bit (int4/uint4) or 1 x fp32 (fp8)
   static constexpr int kLoraUpBytes = kLoraChunk * kTileN * 2;
   static constexpr int kLaF32Bytes = kTileM * kLoraChunk * 4;
   static constexpr int kLaF32HalfBytes = kHalfRows * kLoraChunk * 4;
@@ -404,7 +407,7 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
 __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(bar),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(bar),
       "r"(cta)
       : "memory");
 }
@@ -712,6 +715,23 @@ struct Wgmma<32> {
 
 template <>
 struct Wgmma<64> {
+  // D[64 x N] = A[64 x 16] (16-bit, registers) * B[16 x N] (16-bit, shared memory, K-major): the scale products.
+  template <bool kBf16>
+  static __device__ __forceinline__ void Half(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+    if constexpr (kBf16) {
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " JAX_W4A4_D32_LIST
+                   ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                   : JAX_W4A4_D32
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+    } else {
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " JAX_W4A4_D32_LIST
+                   ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                   : JAX_W4A4_D32
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+    }
+  }
   static __device__ __forceinline__ void E4m3(float (&d)[32], const uint32_t* a, uint64_t desc_b, uint32_t scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -986,12 +1006,12 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
       for (int r = lane; r < C::kTileN; r += 32, wscale_src += wscale_step) {
         CpAsync4(wscale_dst + 4 * (r - lane), wscale_src, tile.valid ? 4 : 0);
       }
-      const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + 4 * lane;
+      const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + C::kActScalePitch * lane;
       const uint8_t* xscale_src = xscale_rows + 4 * ks;
 #pragma unroll 1
       for (int r = lane; r < C::kTileM; r += 32, xscale_src += 32 * scale_row_bytes) {
         const bool in = tile.m0 + r < p.m;  // rows past M read nothing and land as zeros
-        CpAsync4(xscale_dst + 4 * (r - lane), in ? xscale_src : p.s_x, in ? 4 : 0);
+        CpAsync4(xscale_dst + C::kActScalePitch * (r - lane), in ? xscale_src : p.s_x, in ? 4 : 0);
       }
       CpAsyncArriveNoinc(full);
       state.Advance();
@@ -1104,21 +1124,42 @@ __device__ void ConvertLowRank(const KernelParams& p, uint32_t smem, Barriers<C>
   }
 }
 
+// This thread's activation-scale words of one slice of a stage: tokens 8i + 2t and 8i + 2t + 1 (both groups in
+// each word).
+template <class C>
+__device__ __forceinline__ void LoadActScaleWords(uint32_t act_scales, int slice, int t, uint2 (&words)[C::kSliceN / 8]) {
+#pragma unroll
+  for (int i = 0; i < C::kSliceN / 8; ++i) {
+    const uint32_t row = act_scales + C::kActScalePitch * (slice * C::kSliceN + 8 * i + 2 * t);
+    if constexpr (C::kActScalePitch == 4) {
+      words[i] = Lds64(row);
+    } else {
+      words[i] = make_uint2(Lds32(row), Lds32(row + C::kActScalePitch));
+    }
+  }
+}
+
 // acc += part · s_x[token] · s_w[column] for one unit (slice, group) of this thread's fragment.
 template <class C, class OutT, bool kFp8Act>
 __device__ __forceinline__ void Promote(float (&acc)[C::kSliceN / 2], const float (&part)[C::kSliceN / 2],
-                                        uint32_t act_scales, int slice, int group, const float (&sw)[2], int t) {
+                                        const uint2 (&act_scale_words)[C::kSliceN / 8], int group, const float (&sw)[2]) {
 #pragma unroll
   for (int i = 0; i < C::kSliceN / 8; ++i) {
-    const int token = slice * C::kSliceN + 8 * i + 2 * t;
-    const uint2 words = Lds64(act_scales + 4 * token);
-    const float sx0 = GroupScale<OutT, kFp8Act>(words.x, group);
-    const float sx1 = GroupScale<OutT, kFp8Act>(words.y, group);
+    const float sx0 = GroupScale<OutT, kFp8Act>(act_scale_words[i].x, group);
+    const float sx1 = GroupScale<OutT, kFp8Act>(act_scale_words[i].y, group);
     acc[4 * i + 0] = fmaf(part[4 * i + 0] * sx0, sw[0], acc[4 * i + 0]);
     acc[4 * i + 1] = fmaf(part[4 * i + 1] * sx1, sw[0], acc[4 * i + 1]);
     acc[4 * i + 2] = fmaf(part[4 * i + 2] * sx0, sw[1], acc[4 * i + 2]);
     acc[4 * i + 3] = fmaf(part[4 * i + 3] * sx1, sw[1], acc[4 * i + 3]);
   }
+}
+
+// acc += part · (s_w[column] s_x[token]) with the products from the scale wgmma (W4A4ScaleProductMma).
+template <int kN>
+__device__ __forceinline__ void PromoteScaled(float (&acc)[kN / 2], const float (&part)[kN / 2],
+                                              const float (&scale_products)[kN / 2]) {
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = fmaf(part[i], scale_products[i], acc[i]);
 }
 
 // Consumer warpgroup `wg` (0/1): columns [64 wg, 64 wg + 64) of the CTA tile.
@@ -1151,6 +1192,10 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   const uint64_t desc_correction = MakeSmemDesc(smem + static_cast<uint32_t>(L::kCorrection), 128, 256, kSwizzleNone);
   float acc[kSlices][kSliceN / 2];
   float part[kPartSets][kSliceN / 2];
+  // The scale-product path (W4A4ScaleProductMma, 16-bit activation scales): s_w[n]·s_x[m] per unit from a wgmma.
+  constexpr bool kScaleMma = C::kScaleProductTile && !kFp8Act;
+  static_assert(!kScaleMma || kSliceN == 64, "the scale wgmma is instantiated for n64 slices");
+  float scale_products[1][kSliceN / 2];
   PipeState<C::kStages> state;
   PipeState<C::kLoraStages> lora_state;
   const uint32_t staging = smem + L::kStaging + wg * (C::kTileM * 128);
@@ -1169,12 +1214,24 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     int stage[kU] = {};
     float sw[kU][2][2];
     uint32_t a[kU][2][8];
-    uint32_t act_scales[kU] = {};
+    // Activation-scale words (promotion without the scale wgmma): loaded as each stage arrives where the
+    // registers allow (one CTA per SM), else at each promotion (the 96 registers of two CTAs per SM would
+    // serialize the wgmmas).
+    constexpr bool kEarlyActScales = C::kCtasPerSm == 1;
+    uint32_t sw_frag[kU][2][4];  // the scale wgmma's A: group gi's weight scales at k = gi (lanes with t == 0)
+    uint32_t act_scales[kU];
+    uint2 act_scale_words[kU][kSlices][kSliceN / 8];
 
     auto promote_unit = [&](int u) {  // u is a compile-time constant once the loops are unrolled
       const int j = u / kUnitsPerStage, sl = (u % kUnitsPerStage) / 2, gi = u % 2;
       FenceOperands(part[u % kSets]);
-      Promote<C, OutT, kFp8Act>(acc[sl], part[u % kSets], act_scales[j], sl, gi, sw[j][gi], t);
+      if constexpr (kScaleMma) {
+        FenceOperands(scale_products[0]);
+        PromoteScaled<kSliceN>(acc[sl], part[u % kSets], scale_products[0]);
+      } else {
+        if constexpr (!kEarlyActScales) LoadActScaleWords<C>(act_scales[j], sl, t, act_scale_words[j][sl]);
+        Promote<C, OutT, kFp8Act>(acc[sl], part[u % kSets], act_scale_words[j][sl], gi, sw[j][gi]);
+      }
       if (u % kUnitsPerStage == kUnitsPerStage - 1) release_main(stage[j]);
     };
 
@@ -1183,26 +1240,39 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       stage[j] = state.index;
       MbarWait(bar.Full(stage[j]), state.phase);
       state.Advance();
+      if constexpr (kScaleMma) FenceProxyAsync();  // the scale wgmma reads what cp.async wrote
       const uint32_t wscales = smem + L::kWeightScales + stage[j] * L::Stride(kObjWeightScales);
       const uint32_t sw_word0 = Lds32(wscales + 4 * column);
       const uint32_t sw_word1 = Lds32(wscales + 4 * (column + 8));
 #pragma unroll
       for (int gi = 0; gi < 2; ++gi) {
-        sw[j][gi][0] = GroupScale<OutT, false>(sw_word0, gi);
-        sw[j][gi][1] = GroupScale<OutT, false>(sw_word1, gi);
+        if constexpr (kScaleMma) {
+          const uint32_t keep = t == 0 ? (gi ? 0xFFFF0000u : 0x0000FFFFu) : 0u;
+          sw_frag[j][gi][0] = sw_word0 & keep;
+          sw_frag[j][gi][1] = sw_word1 & keep;
+          sw_frag[j][gi][2] = 0;
+          sw_frag[j][gi][3] = 0;
+        } else {
+          sw[j][gi][0] = GroupScale<OutT, false>(sw_word0, gi);
+          sw[j][gi][1] = GroupScale<OutT, false>(sw_word1, gi);
+        }
       }
       const uint32_t weights =
           smem + L::kWeights + stage[j] * L::Stride(kObjWeights) + wg * 2 * kWeightBlockBytes + 16 * tid;
       WeightFragments<C::kOffsetWeights>(Lds128(weights), a[j][0]);
       WeightFragments<C::kOffsetWeights>(Lds128(weights + kWeightBlockBytes), a[j][1]);
       act_scales[j] = smem + L::kActScales + stage[j] * L::Stride(kObjActScales);
+      if constexpr (kEarlyActScales && !kScaleMma) {
+#pragma unroll
+        for (int sl = 0; sl < kSlices; ++sl) LoadActScaleWords<C>(act_scales[j], sl, t, act_scale_words[j][sl]);
+      }
       const uint64_t desc_x =
           MakeSmemDesc(smem + L::kActivations + stage[j] * L::Stride(kObjActivations), 16, 8 * C::kTileK, kSwizzle128B);
 #pragma unroll
       for (int v = 0; v < kUnitsPerStage; ++v) {
         const int u = j * kUnitsPerStage + v;
         const int sl = v / 2, gi = v % 2;
-        if (u >= kSets) {
+        if (!kScaleMma && u >= kSets) {
           WgmmaWaitPending(kSets - 1);
           promote_unit(u - kSets);
         }
@@ -1219,12 +1289,33 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
           if constexpr (C::kOffsetWeights) Wgmma<kSliceN>::E4m3Smem(part[u % kSets], desc_correction, desc_b);
         }
         WgmmaCommit();
+        if constexpr (kScaleMma) {
+          // One set of scale products (the registers of a second would serialize the wgmmas): unit u - 1 is
+          // promoted while unit u's partial runs, then unit u's products are issued into the freed set.
+          if (u >= 1) {
+            WgmmaWaitPending(1);
+            promote_unit(u - 1);
+          }
+          // K-major, no swizzle: 8-token core matrices 128 B apart; the k = 8..15 core matrix is read from the same
+          // rows (leading offset 0) and multiplied by the zeros of sw_frag.
+          FenceOperands(scale_products[0]);
+          WgmmaFence();
+          const uint32_t rows = act_scales[j] + sl * kSliceN * C::kActScalePitch;
+          Wgmma<kSliceN>::template Half<kBf16>(scale_products[0], sw_frag[j][gi],
+                                               MakeSmemDesc(rows, 0, 8 * C::kActScalePitch, kSwizzleNone));
+          WgmmaCommit();
+        }
       }
     }
+    if constexpr (kScaleMma) {
+      WgmmaWaitPending(0);
+      promote_unit(kUnits - 1);
+    } else {
 #pragma unroll
-    for (int u = kUnits - kSets; u < kUnits; ++u) {
-      WgmmaWaitPending(kUnits - 1 - u);
-      promote_unit(u);
+      for (int u = kUnits - kSets; u < kUnits; ++u) {
+        WgmmaWaitPending(kUnits - 1 - u);
+        promote_unit(u);
+      }
     }
   };
 
@@ -1424,6 +1515,14 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
              uint4{kOffsetCorrection, kOffsetCorrection, kOffsetCorrection, kOffsetCorrection});
       FenceProxyAsync();
     }
+  }
+  if constexpr (C::kScaleProductTile && !kFp8Act) {
+    // The scale wgmma reads whole 16-byte token rows of the activation-scale buffers; cp.async fills only the
+    // first 4 bytes, so the rest is zeroed once here (and made visible to the async proxy).
+    for (int i = threadIdx.x; i < Smem<C>::Footprint(kObjActScales) / 16; i += kThreads) {
+      Sts128(smem + static_cast<uint32_t>(L::kActScales) + 16 * i, uint4{0, 0, 0, 0});
+    }
+    FenceProxyAsync();
   }
   __syncthreads();
   if constexpr (C::kCluster > 1) ClusterSync();  // the peer's barriers exist before any multicast or arrive

@@ -40,6 +40,15 @@ inline constexpr int kW4A4MinMainStages = 3;    // below this the MMA waits on T
 constexpr bool W4A4OffsetWeights(const W4A4Shape& s) { return s.tile_m <= 32; }
 inline constexpr int kW4A4CorrectionBytes = 64 * 32;
 
+// Prefill tiles (64, 128 tokens) with 16-bit activation scales form the per-group scale products s_w[n]·s_x[m]
+// on the tensor cores: one wgmma m64nNk16 bf16/fp16 per unit (A = the two weight-group scales in registers,
+// B = the activation scales in shared memory; products of 16-bit values are exact in fp32), so a promotion
+// is one FFMA per accumulator instead of FMUL + FFMA and the scales are neither loaded nor decoded by the
+// consumers. The B operand is K-major without swizzle: a 16-byte row per token, its 4-byte scale word
+// (k = 0, 1) first; the other 12 bytes stay zero. Smaller tiles keep 4 bytes per token.
+constexpr bool W4A4ScaleProductMma(const W4A4Shape& s) { return s.tile_m >= 64; }
+constexpr int W4A4ActScalePitch(const W4A4Shape& s) { return W4A4ScaleProductMma(s) ? 16 : 4; }
+
 // CTAs per SM an instance is built for (__launch_bounds__, registers, shared memory). Decode tiles up to
 // 16 tokens issue little per stage and wait on the latency of each warp's chain (LDS, conversion, wgmma,
 // promotion): two independent CTAs per SM hide it. Larger tiles need the registers and shared memory of one.
@@ -110,8 +119,10 @@ constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
           {"weights (int4, prepacked)", s.tile_n * k / 2, main_stages, Sharing::kPrivate, Lifetime::kMainLoop, bulk},
           {"weight scales (16-bit)", s.tile_n * groups * 2, main_stages, Sharing::kPrivate, Lifetime::kMainLoop, bulk},
           {"activations", s.tile_m * k * s.act_value_bits / 8, main_stages, tokens, Lifetime::kMainLoop, swizzled},
-          // int4: two 16-bit scales per 128 k; fp8: one fp32 scale per 128 k — 4 bytes per token either way.
-          {"activation scales", s.tile_m * 4, main_stages, tokens, Lifetime::kMainLoop, bulk},
+          // int4: two 16-bit scales per 128 k; fp8: one fp32 scale per 128 k — 4 bytes per token either way,
+          // in a row of W4A4ActScalePitch bytes.
+          {"activation scales", int64_t{s.tile_m} * W4A4ActScalePitch(s), main_stages, tokens, Lifetime::kMainLoop,
+           bulk},
           {"L_up chunk (16-bit)", int64_t{s.lora_chunk} * s.tile_n * 2, lora_stages, Sharing::kPrivate,
            Lifetime::kLowRank, bulk},
           {"LA chunk (fp32, as stored)", int64_t{s.tile_m} * s.lora_chunk * 4, lora_stages, tokens,
