@@ -22,7 +22,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave memory for the torch peers
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -57,17 +56,8 @@ def _time_jax(fn, activations, weights, repeats: int) -> float:
 
 
 def _time_torch(fn, activations, weights, repeats: int) -> float:
-    def run():
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i, a in enumerate(activations):
-            fn(a, weights[i % len(weights)])
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3
-
-    run()
-    return statistics.median(run() / len(activations) for _ in range(repeats))
+    n = len(activations)
+    return harness.time_torch(lambda i: fn(activations[i % n], weights[i % len(weights)]), n, calls=n, trials=repeats)
 
 
 def _w4a4_inputs(m, n, k, copies, weight_copies, key):

@@ -106,8 +106,13 @@ def _time_on_device(fn: Callable, input_sets: Sequence[tuple], *, calls: int, tr
     return float(np.median(times))
 
 
-def time_torch(fn: Callable[[int], object], n_sets: int, *, calls: int = 50, warmup: int = 10) -> float | None:
-    """Median seconds per call of ``fn(i)`` (i cycles over the sets), timed with CUDA events."""
+def time_torch(fn: Callable[[int], object], n_sets: int, *, calls: int = 20, trials: int = 7, warmup: int = 10) -> float | None:
+    """Median seconds per call of ``fn(i)`` (i cycles over the sets), timed with CUDA events.
+
+    Like ``time_jax``: ``calls`` back-to-back calls between two events, so the GPU never idles waiting for
+    the host's next launch (timing each call alone after a synchronize would count the launch latency into
+    the peer and flatter our ratios), then the median over ``trials`` such chains.
+    """
     try:
         import torch
     except ImportError:
@@ -116,13 +121,14 @@ def time_torch(fn: Callable[[int], object], n_sets: int, *, calls: int = 50, war
         fn(i % n_sets)
     torch.cuda.synchronize()
     times = []
-    for i in range(calls):
+    for trial in range(trials):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn(i % n_sets)
+        for i in range(calls):
+            fn((trial * calls + i) % n_sets)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
+        times.append(start.elapsed_time(end) * 1e-3 / calls)
     return float(np.median(times))
 
 

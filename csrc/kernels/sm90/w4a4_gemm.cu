@@ -51,6 +51,9 @@
 //   epilogue  one staging tile per consumer warpgroup; its TMA store is awaited (bulk wait_group.read)
 //             before the next tile is staged.
 //
+// Consumer -> producer releases of a peer CTA's stage are mbarrier.arrive.shared::cluster with the default
+// (.release.cta) semantics: the consumer only read the stage. With .release.cluster ptxas emitted MEMBAR.ALL.GPU
+// before every remote arrive (15% of the consumers' stall samples; 3.20 -> 2.37 ms at 8192^3 without it).
 // Cluster of 2 CTAs along N (the 64- and 128-token tiles): the token operand (activations, LA) is
 // shared; each CTA issues half of the rows with .multicast::cluster into both CTAs' shared memory, so
 // every CTA holds the whole tile and every CTA's full barrier expects the whole tile's bytes
@@ -69,6 +72,16 @@
 //   every wgmma (C7514: accumulators of a wgmma in flight across the back edge are read). 128 tokens run
 //   as 2 slices of n64 (acc 64 + 2 x 32 partial registers) instead of n128 (64 + 2 x 64: too many for
 //   232 registers).
+// Scale products (W4A4ScaleProductMma: the 64- and 128-token tiles with 16-bit activation scales): after a
+//   unit's two k32 wgmmas, one wgmma m64n64k16 bf16/fp16 forms s_w[n]·s_x[m] for the whole unit on the tensor
+//   cores (A from registers: the thread's two weight-scale words masked to group gi's half, at k = gi, in the
+//   lanes that hold k = 0, 1; B = the stage's activation-scale buffer, a 16-byte row per token whose first
+//   4 bytes are the cp.async'ed scale word and whose rest was zeroed at kernel start; 16-bit products are
+//   exact in fp32), so the promotion is acc = fma(part, product, acc): one FFMA per element, no scale loads
+//   or decodes (measured 2.11 -> 1.85 ms at 8192^3, instructions -30%). The tensor cores do 1.5x the work.
+//   One set of products fits the registers (a second serializes the wgmmas, even at 240 registers), so a
+//   unit's products are issued after the previous unit is promoted: part(u), wait(1), promote(u - 1),
+//   products(u). The consumers fence the async proxy after each full barrier (cp.async wrote the scales).
 // After the K loop: acc *= α (α scales the main product only; decode: α·2^9, exact); the low-rank up
 // projection runs as wgmma m64nNk16 bf16/fp16 (A = L_upᵀ chunk from shared memory, MN-major; B = the
 // converted LA chunk) into the same fp32 accumulators, every k-step of the chunk (ranks past `rank` are
@@ -110,8 +123,8 @@
 //      8       1        2          7             2          114304 B
 //     16       1        2          5             2          107776 B
 //     32       1        1          8             2          173312 B
-//     64       2        1          7             2          220672 B
-//    128       2        1          5             2          228480 B   (of 231424: 227 KB less the slack)
+//     64       2        1          7             2          226048 B   (16-byte activation-scale rows)
+//    128       2        1          4             2          209024 B   (of 231424: 227 KB less the slack)
 // Two CTAs per SM (8- and 16-token tiles, W4A4CtasPerSm): each plan is solved against half the SM
 // (114688 B with the slack and the driver's 1 KB), registers 80 per thread at launch, so setmaxnreg
 // moves 40 -> producers and 96 -> consumers inside each CTA's pool of 384 x 80.
@@ -126,6 +139,11 @@
 //   => issue-bound at ~460 clk per 256 clk of MMA: <= ~56% of the fp8 peak (~1100 TFLOPS) for
 //      int4/uint4 activations, ~65% (~1280) for fp8, before latency and memory effects. The floor
 //      asked for is 1023 (1.3x cuBLAS bf16 at 8192^3 with rank 32).
+//   With the scale-product wgmma (int4/uint4): promotion 128 clk, no activation-scale work, tensor 384 clk:
+//      ~250 issue clk per 384 clk of MMA. Measured (session 5, ncu): 1.85 ms = 594 TFLOPS at 8192^3, issue
+//      slots 52% busy, tensor ~45%: neither is full; the consumers wait on their own chain (wgmma
+//      completion 10% of stall samples, wgmma issue 15%, fixed-latency dependencies 13%) with two
+//      consumer warps per scheduler.
 //   decode (M <= 16, 28672 x 8192): 117 MB of int4 weights = 28 us at 4.2 TB/s; 224 column tiles on
 //      132 SMs (1.7 waves); floor asked for: 49 us = 2.5x bf16. Issue-bound: SASS of one K-stage (8 KB of
 //      weights) of one consumer warp, bf16 output, int4 activations (fp8: -4 to -8):
