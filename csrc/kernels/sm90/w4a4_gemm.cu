@@ -1216,7 +1216,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   // The scale-product path (W4A4ScaleProductMma, 16-bit activation scales): s_w[n]·s_x[m] per unit from a wgmma.
   constexpr bool kScaleMma = C::kScaleProductTile && !kFp8Act;
   static_assert(!kScaleMma || kSliceN == 64, "the scale wgmma is instantiated for n64 slices");
-  float scale_products[1][kSliceN / 2];
+  [[maybe_unused]] float scale_products[kSliceN / 2];
   PipeState<C::kStages> state;
   PipeState<C::kLoraStages> lora_state;
   const uint32_t staging = smem + L::kStaging + wg * (C::kTileM * 128);
@@ -1247,8 +1247,8 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       [[maybe_unused]] const int gi = u % 2;
       FenceOperands(part[u % kSets]);
       if constexpr (kScaleMma) {
-        FenceOperands(scale_products[0]);
-        PromoteScaled<kSliceN>(acc[sl], part[u % kSets], scale_products[0]);
+        FenceOperands(scale_products);
+        PromoteScaled<kSliceN>(acc[sl], part[u % kSets], scale_products);
       } else {
         Promote<C, OutT, kFp8Act>(acc[sl], part[u % kSets], act_scale_words[j][sl], gi, sw[j][gi]);
       }
@@ -1318,10 +1318,10 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
           }
           // K-major, no swizzle: 8-token core matrices 128 B apart; the k = 8..15 core matrix is read from the same
           // rows (leading offset 0) and multiplied by the zeros of sw_frag.
-          FenceOperands(scale_products[0]);
+          FenceOperands(scale_products);
           WgmmaFence();
           const uint32_t rows = act_scales[j] + sl * kSliceN * C::kActScalePitch;
-          Wgmma<kSliceN>::template Half<kBf16>(scale_products[0], sw_frag[j][gi],
+          Wgmma<kSliceN>::template Half<kBf16>(scale_products, sw_frag[j][gi],
                                                MakeSmemDesc(rows, 0, 8 * C::kActScalePitch, kSwizzleNone));
           WgmmaCommit();
         }
