@@ -27,6 +27,8 @@ inline constexpr int64_t kMbarrierBytes = 8;
 // TMA / bulk-copy destination 128 (16 is legal, 128 keeps every row on its own bank window).
 inline constexpr int64_t kSwizzledAlign = 1024;
 inline constexpr int64_t kBulkAlign = 128;
+// Region alignment inside an XLA-allocated kernel workspace (flags, counters, partials).
+inline constexpr int64_t kWorkspaceAlign = 256;
 
 enum class Sharing : int {
   kPrivate = 0,    // loaded by this CTA for itself

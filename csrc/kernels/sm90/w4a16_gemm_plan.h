@@ -90,7 +90,6 @@ inline constexpr int kMaxTokensPerBlock = 64;             // tokens per CTA at m
 inline constexpr int64_t kMaxK = int64_t{1} << 24;       // keeps in-kernel offsets in 32 bits
 inline constexpr int kMaxGridY = 65535;
 inline constexpr int kSaturatingWarpsPerSm = 12;         // the planner's model: fewer warps per SM stream slower
-inline constexpr int64_t kWorkspaceAlign = 256;
 inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumulator fragment per lane and tile
 
 struct W4a16Problem {
@@ -157,7 +156,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
 
 // Split-K ticket counters and fragment-order partials, then the act-order gather of X (bf16/fp16).
 constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16Launch& plan) {
-  const auto align = [](int64_t bytes) { return CeilDiv(bytes, kWorkspaceAlign) * kWorkspaceAlign; };
+  const auto align = [](int64_t bytes) { return budget::AlignUp(bytes, budget::kWorkspaceAlign); };
   W4a16Workspace ws{};
   int64_t offset = 0;
   if (plan.splits > 1) {

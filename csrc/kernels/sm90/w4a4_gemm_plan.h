@@ -179,7 +179,6 @@ constexpr int W4A4ShapeIndexForTokens(int64_t m) {
 // k-stage; the CTAs that run its later k-stages do so first in their ranges and leave fp32 partials in
 // the workspace, one slot per CTA and consumer warpgroup, each published by a flag.
 inline constexpr int kW4A4StreamKMinStagesPerCta = 4;  // below this the per-CTA fixed costs dominate
-inline constexpr int64_t kW4A4WorkspaceAlign = 256;
 
 constexpr bool W4A4UsesStreamK(int64_t m, int64_t n, int64_t k, int64_t ctas) {
   const W4A4Shape s = kW4A4Shapes[W4A4ShapeIndexForTokens(m)];
@@ -193,7 +192,7 @@ constexpr bool W4A4UsesStreamK(int64_t m, int64_t n, int64_t k, int64_t ctas) {
 // Stream-K workspace for `ctas` CTAs of token tile `tile_m`: the flags (zeroed before each launch), then
 // one fp32 partial tile per CTA.
 constexpr int64_t W4A4StreamKFlagBytes(int64_t ctas) {
-  return (ctas * 2 * 4 + kW4A4WorkspaceAlign - 1) / kW4A4WorkspaceAlign * kW4A4WorkspaceAlign;
+  return budget::AlignUp(ctas * 2 * 4, budget::kWorkspaceAlign);
 }
 constexpr int64_t W4A4StreamKWorkspaceBytes(int tile_m, int64_t ctas) {
   return W4A4StreamKFlagBytes(ctas) + ctas * int64_t{kW4A4Shapes[0].tile_n} * tile_m * 4;
