@@ -1183,6 +1183,11 @@ __device__ __forceinline__ void PromoteScaled(float (&acc)[kN / 2], const float 
   for (int i = 0; i < kN / 2; ++i) acc[i] = fmaf(part[i], scale_products[i], acc[i]);
 }
 
+// Whether an instance promotes with the scale wgmma: a prefill tile with 16-bit activation scales (fp8
+// activations carry one fp32 scale per 128 k, which a 16-bit product cannot hold exactly).
+template <class C, bool kFp8Act>
+inline constexpr bool kUsesScaleProducts = C::kScaleProductTile && !kFp8Act;
+
 // Consumer warpgroup `wg` (0/1): columns [64 wg, 64 wg + 64) of the CTA tile.
 template <class C, class OutT, bool kFp8Act>
 __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t smem, Barriers<C> bar,
@@ -1214,7 +1219,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   float acc[kSlices][kSliceN / 2];
   float part[kPartSets][kSliceN / 2];
   // The scale-product path (W4A4ScaleProductMma, 16-bit activation scales): s_w[n]·s_x[m] per unit from a wgmma.
-  constexpr bool kScaleMma = C::kScaleProductTile && !kFp8Act;
+  constexpr bool kScaleMma = kUsesScaleProducts<C, kFp8Act>;
   static_assert(!kScaleMma || kSliceN == 64, "the scale wgmma is instantiated for n64 slices");
   [[maybe_unused]] float scale_products[kSliceN / 2];
   PipeState<C::kStages> state;
@@ -1536,7 +1541,7 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
       FenceProxyAsync();
     }
   }
-  if constexpr (C::kScaleProductTile && !kFp8Act) {
+  if constexpr (kUsesScaleProducts<C, kFp8Act>) {
     // The scale wgmma reads whole 16-byte token rows of the activation-scale buffers; cp.async fills only the
     // first 4 bytes, so the rest is zeroed once here (and made visible to the async proxy).
     for (int i = threadIdx.x; i < Smem<C>::Footprint(kObjActScales) / 16; i += kThreads) {
