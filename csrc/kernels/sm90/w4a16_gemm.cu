@@ -51,9 +51,10 @@
 //   = 104.1 KB (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 113.2 KB (16: 8 warps x 2 tiles,
 //     10 stages, 2 CTAs/SM), 213.0 KB (32: 16 stages, 1 CTA/SM), 217.1 KB (64: 12 stages, 1 CTA/SM).
 //
-// Measured limits (ncu, benchmarks/NOTES.md): the main loop is issue-bound with the integer pipe
-// (lop3/shf of the dequantization run at half rate) and the fp32/fp16 pipe both busy; 1 x 28672 x 8192
-// runs at ~50 us = ~2.4 TB/s.
+// Measured limits (ncu, benchmarks/NOTES.md, session 6): 1 x 28672 x 8192 runs at ~47 us = ~2.6 TB/s
+// against a 29 us ceiling for this ring without arithmetic (benchmarks/stream_ceiling.cu). Latency- and
+// issue-bound (0.44 instructions per scheduler and cycle): of 311 warp-instructions per 64-wide atom at
+// 1-8 tokens, 136 are dequantization, MMAs and fragment loads; the rest is per-atom bookkeeping.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -379,11 +380,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     }
   }
 
-#pragma unroll 1
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < num_atoms) issue_stage(i, i);
-    ptx::CpAsyncCommit();
-  }
 
   // ---- scale periods: kGroupsPerPeriod groups of every row of the CTA, fetched one period ahead into
   // registers (16-bit scale | zero << 16), turned into table entries at the switch.
@@ -417,7 +413,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   };
 
   int period = 0;
+  // The first period's scale loads go out before the ring's first stages, not behind them (measured:
+  // -3% at 1 x 28672 x 8192, where the prologue waited on them).
   fetch_period(0);
+#pragma unroll 1
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < num_atoms) issue_stage(i, i);
+    ptx::CpAsyncCommit();
+  }
   store_period(0);  // published by the first main-loop barrier
   fetch_period(1);
 
