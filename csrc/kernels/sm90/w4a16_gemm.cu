@@ -52,7 +52,7 @@
 //     10 stages, 2 CTAs/SM), 213.0 KB (32: 16 stages, 1 CTA/SM), 217.1 KB (64: 12 stages, 1 CTA/SM).
 //
 // Measured limits (ncu, benchmarks/NOTES.md, session 6): 1 x 28672 x 8192 runs at ~47 us = ~2.6 TB/s
-// against a 29 us ceiling for this ring without arithmetic (benchmarks/stream_ceiling.cu). Latency- and
+// against a 29 us ceiling for this ring without arithmetic (session 6's probe). Latency- and
 // issue-bound (0.44 instructions per scheduler and cycle): of 311 warp-instructions per 64-wide atom at
 // 1-8 tokens, 136 are dequantization, MMAs and fragment loads; the rest is per-atom bookkeeping.
 
