@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
 
   int period = 0;
   // The first period's scale loads go out before the ring's first stages, not behind them (measured:
-  // -3% at 1 x 28672 x 8192, where the prologue waited on them).
+  // -1 to -3% at 1 x 28672 x 8192 in three runs; the prologue waits on them).
   fetch_period(0);
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
