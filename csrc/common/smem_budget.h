@@ -30,6 +30,14 @@ inline constexpr int64_t kBulkAlign = 128;
 // Region alignment inside an XLA-allocated kernel workspace (flags, counters, partials).
 inline constexpr int64_t kWorkspaceAlign = 256;
 
+// Registers per thread that __launch_bounds__(threads, ctas_per_sm) leaves ptxas (allocation granule 8,
+// at most 255): a CTA owns threads x this for its lifetime (setmaxnreg only moves registers inside it).
+inline constexpr int64_t kRegistersPerSmSm90 = 64 * 1024;
+constexpr int LaunchRegisters(int64_t threads, int64_t ctas_per_sm) {
+  const int64_t r = kRegistersPerSmSm90 / (threads * ctas_per_sm) / 8 * 8;
+  return r > 255 ? 255 : static_cast<int>(r);
+}
+
 enum class Sharing : int {
   kPrivate = 0,    // loaded by this CTA for itself
   kMulticast = 1,  // the cluster shares it: footprint replicated, issue split, barrier expects all

@@ -18,7 +18,6 @@ namespace jax_w4a4::sm90 {
 inline constexpr int kActQuantChunkK = 128;         // k per stage: two int4 groups or one fp8 group
 inline constexpr int kActQuantMaxStages = 6;
 inline constexpr int kActQuantMinStages = 2;        // one chunk in flight while the previous is computed
-inline constexpr int64_t kRegistersPerSmSm90 = 64 * 1024;
 
 struct ActQuantShape {
   int block_rows;  // rows per CTA: 64 (large M) or 16 (small M, K split over a cluster)
@@ -45,11 +44,8 @@ struct ActQuantPlan {
 
   constexpr int64_t pipeline_bytes() const { return ring_bytes + column_table_bytes; }
   constexpr int64_t per_sm_bytes() const { return ctas_per_sm * (total_bytes + budget::kSmemReservedPerCtaSm90); }
-  // The register cap __launch_bounds__(threads, ctas_per_sm) gives ptxas (allocation granule: 8).
-  constexpr int max_registers() const {
-    const int64_t r = kRegistersPerSmSm90 / (int64_t{threads} * ctas_per_sm) / 8 * 8;
-    return r > 255 ? 255 : static_cast<int>(r);
-  }
+  // The register cap __launch_bounds__(threads, ctas_per_sm) gives ptxas.
+  constexpr int max_registers() const { return budget::LaunchRegisters(threads, ctas_per_sm); }
   constexpr bool fits() const {
     return stages >= kActQuantMinStages && total_bytes <= budget::kSmemPerBlockSm90 && per_sm_bytes() <= budget::kSmemPerSmSm90;
   }

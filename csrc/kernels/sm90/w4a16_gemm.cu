@@ -380,7 +380,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     }
   }
 
-
   // ---- scale periods: kGroupsPerPeriod groups of every row of the CTA, fetched one period ahead into
   // registers (16-bit scale | zero << 16), turned into table entries at the switch.
   const int group_first = GroupOfAtom(atom_begin, p.group_shift);

@@ -207,12 +207,10 @@ constexpr int kConsumerThreads = 128;  // per consumer warpgroup
 constexpr int kConsumerWarps = 8;      // both consumer warpgroups
 constexpr int kConverterWarps = 2;     // producer warps 2-3
 constexpr int kProducerRegisters = 40;
-// A CTA owns threads x (registers per thread at launch) for its lifetime: __launch_bounds__ gives
-// 64K / (threads x CTAs per SM), in the allocation granule of 8. setmaxnreg only moves registers inside
-// that pool (an .inc beyond it blocks forever), so a consumer thread gets the pool less the producers'.
-constexpr int LaunchRegisters(int ctas_per_sm) { return 65536 / (kThreads * ctas_per_sm) / 8 * 8; }
+// setmaxnreg only moves registers inside the CTA's launch pool (budget::LaunchRegisters; an .inc beyond
+// it blocks forever), so a consumer thread gets the pool less the producers'.
 constexpr int ConsumerRegisters(int ctas_per_sm) {
-  return (LaunchRegisters(ctas_per_sm) * kThreads - kProducerRegisters * 128) / 256 / 8 * 8;
+  return (budget::LaunchRegisters(kThreads, ctas_per_sm) * kThreads - kProducerRegisters * 128) / 256 / 8 * 8;
 }
 static_assert(ConsumerRegisters(1) == 232 && ConsumerRegisters(2) == 96, "register split");
 constexpr int kRasterGroup = 8;        // token tiles per rasterization group
@@ -288,7 +286,8 @@ struct Config {
   static_assert(kSmemBytes <= budget::kSmemPerBlockSm90, "plan + base alignment exceeds 227 KB");
   static_assert(kCtasPerSm * (kSmemBytes + budget::kSmemReservedPerCtaSm90) <= budget::kSmemPerSmSm90,
                 "kCtasPerSm CTAs must fit one SM's shared memory");
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * LaunchRegisters(kCtasPerSm),
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <=
+                    kThreads * budget::LaunchRegisters(kThreads, kCtasPerSm),
                 "setmaxnreg must stay inside the CTA's register pool");
   static_assert(kTileN == 128, "two consumer warpgroups of 64 columns");
   static_assert(kTileM % 8 == 0 && kTileM <= 128 && kTileM % kSliceN == 0, "token tile");
@@ -1344,9 +1343,11 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     }
   };
 
-  // Stream-K partial slot of a CTA for this warpgroup: float4 f of thread t at f x 128 + t (coalesced).
+  // Stream-K partial slot of a CTA for this warpgroup: float4 f of thread t at f x 128 + t (coalesced);
+  // accumulators acc[sl][i..i + 3] are float4 f = (sl x kSliceN / 2 + i) / 4.
   constexpr int kPartialFloat4s = kSlices * kSliceN / 8;
   auto partial_slot = [&](int cta) { return p.partials + (int64_t{cta} * 2 + wg) * (kConsumerThreads * kPartialFloat4s); };
+  auto partial_offset = [&](int sl, int i) { return ((sl * kSliceN / 2 + i) / 4) * kConsumerThreads + tid; };
 
   Segment seg;
   for (bool more = FirstSegment<C>(p, seg); more; more = NextSegment<C>(p, seg)) {
@@ -1376,8 +1377,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       for (int sl = 0; sl < kSlices; ++sl) {
 #pragma unroll
         for (int i = 0; i < kSliceN / 2; i += 4) {
-          slot[((sl * kSliceN / 2 + i) / 4) * kConsumerThreads + tid] =
-              make_float4(acc[sl][i], acc[sl][i + 1], acc[sl][i + 2], acc[sl][i + 3]);
+          slot[partial_offset(sl, i)] = make_float4(acc[sl][i], acc[sl][i + 1], acc[sl][i + 2], acc[sl][i + 3]);
         }
       }
       __threadfence();
@@ -1399,7 +1399,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         for (int sl = 0; sl < kSlices; ++sl) {
 #pragma unroll
           for (int i = 0; i < kSliceN / 2; i += 4) {
-            const float4 v = __ldcg(slot + ((sl * kSliceN / 2 + i) / 4) * kConsumerThreads + tid);
+            const float4 v = __ldcg(slot + partial_offset(sl, i));
             acc[sl][i] += v.x;
             acc[sl][i + 1] += v.y;
             acc[sl][i + 2] += v.z;
@@ -1715,8 +1715,6 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
 }
 
 // Token tile by M (the plan's kW4A4Shapes order): 8, 16, 32, 64 (cluster 2) or 128 (cluster 2).
-constexpr int kShapeCount = sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]);
-
 template <class OutT, bool kFp8Act>
 cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   switch (W4A4ShapeIndexForTokens(args.m)) {
@@ -1733,7 +1731,7 @@ cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   }
 }
 
-static_assert(kShapeCount == 5 && kW4A4Shapes[0].tile_m == 8 && kW4A4Shapes[1].tile_m == 16 &&
+static_assert(kW4A4ShapeCount == 5 && kW4A4Shapes[0].tile_m == 8 && kW4A4Shapes[1].tile_m == 16 &&
                   kW4A4Shapes[2].tile_m == 32 && kW4A4Shapes[3].tile_m == 64 && kW4A4Shapes[4].tile_m == 128,
               "W4A4ShapeIndexForTokens walks the plan's shapes by increasing token tile");
 

@@ -162,13 +162,14 @@ inline constexpr W4A4Shape kW4A4Shapes[] = {
     {128, 128, 2, 32, 8},
 };
 
+inline constexpr int kW4A4ShapeCount = sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]);
+
 // The instance that serves M tokens: the smallest token tile that holds them (128 beyond).
 constexpr int W4A4ShapeIndexForTokens(int64_t m) {
-  constexpr int kCount = sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]);
-  for (int i = 0; i + 1 < kCount; ++i) {
+  for (int i = 0; i + 1 < kW4A4ShapeCount; ++i) {
     if (m <= kW4A4Shapes[i].tile_m) return i;
   }
-  return kCount - 1;
+  return kW4A4ShapeCount - 1;
 }
 
 // ---- Stream-K (decode tiles, no cluster)
