@@ -86,6 +86,8 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4ActQuantShapes.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4ActQuantPlan.restype = None
     lib.JaxW4a4ActQuantPlan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4ActQuantLaunch.restype = None
+    lib.JaxW4a4ActQuantLaunch.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4W4a16MTiles.restype = ctypes.c_int
     lib.JaxW4a4W4a16MTiles.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4W4a16Plan.restype = None
@@ -142,14 +144,13 @@ class ActQuantPlan:
     stage_bytes: int
     ring_bytes: int
     column_table_bytes: int
-    partial_bytes: int
     total_bytes: int
     per_sm_bytes: int
     max_registers: int
     fits: bool
 
 
-_ACT_QUANT_FIELDS = 18
+_ACT_QUANT_FIELDS = 17
 
 
 def act_quant_shapes() -> list[tuple[int, int]]:
@@ -165,6 +166,28 @@ def act_quant_plan(block_rows: int, rank_cap: int) -> ActQuantPlan:
     _load().JaxW4a4ActQuantPlan(block_rows, rank_cap, out)
     values = [int(v) for v in out]
     return ActQuantPlan(block_rows, rank_cap, *values[:-1], bool(values[-1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class ActQuantLaunch:
+    """How one act_quant call is launched for ``num_sms`` SMs (PlanActQuantLaunch in act_quant_plan.h): the
+    instance (``block_rows``, ``rank_cap``), a grid of ``row_blocks`` x ``k_splits`` CTAs, and the workspace
+    that a K split with a low-rank branch needs: fp32 LA partials, then one ticket per row block."""
+
+    block_rows: int
+    rank_cap: int
+    row_blocks: int
+    k_splits: int
+    partials_bytes: int
+    tickets_offset: int
+    workspace_bytes: int
+
+
+def act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> ActQuantLaunch:
+    """The sm90 act_quant launch plan of an (rows, K) input with a rank-``rank`` down projection."""
+    out = (ctypes.c_int64 * 7)()
+    _load().JaxW4a4ActQuantLaunch(rows, k, rank, num_sms, out)
+    return ActQuantLaunch(*(int(v) for v in out))
 
 
 @dataclasses.dataclass(frozen=True)

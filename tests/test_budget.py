@@ -145,8 +145,7 @@ def test_act_quant_plans_add_up():
         assert p.stage_bytes == p.x_tile_bytes + p.lambda_bytes + p.lora_tile_bytes
         assert p.ring_bytes == p.stages * p.stage_bytes
         assert p.column_table_bytes == 2 * 2 * chunk * 4
-        assert p.partial_bytes == (0 if p.rank_cap == 0 else p.block_rows * (p.rank_cap + 8) * 4)
-        assert p.total_bytes == max(p.ring_bytes + p.column_table_bytes, p.partial_bytes)
+        assert p.total_bytes == p.ring_bytes + p.column_table_bytes
         assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
 
 
@@ -176,6 +175,47 @@ def test_act_quant_bandwidth_instance():
     assert (p.threads, p.ctas_per_sm, p.max_registers) == (128, 4, 128)
     assert p.stages >= 2 and p.x_tile_bytes == 16 * 1024
     assert p.ctas_per_sm * p.x_tile_bytes * (p.stages - 1) >= 32 * 1024
+
+
+def test_act_quant_launch_fills_the_resident_ctas():
+    """M = K = 4096 at rank 32: 64 row blocks of 64 rows split 8 ways along K = 512 CTAs, one wave of the
+    132 x 4 resident ones (no cluster, so nothing halves the split); the workspace holds every split's
+    fp32 LA partial, then one ticket per row block."""
+    p = budget.act_quant_launch(4096, 4096, 32, num_sms=132)
+    assert (p.block_rows, p.rank_cap, p.row_blocks, p.k_splits) == (64, 32, 64, 8)
+    assert p.partials_bytes == 64 * 8 * 64 * 32 * 4
+    assert p.tickets_offset == p.partials_bytes and p.workspace_bytes == p.partials_bytes + 64 * 4
+    assert p.row_blocks * p.k_splits <= 132 * budget.act_quant_plan(64, 32).ctas_per_sm
+    big = budget.act_quant_launch(4096, 12288, 32, num_sms=132)
+    assert (big.block_rows, big.row_blocks, big.k_splits) == (64, 64, 8)
+
+
+def test_act_quant_launch_small_m_splits_k_wide():
+    """Decode (M = 1, K = 8192, 64 chunks): one 16-row block split 32 ways (2 chunks per CTA), partials
+    for the whole 16-row block; ranks are bucketed; rank 0 splits K without a workspace."""
+    p = budget.act_quant_launch(1, 8192, 32, num_sms=132)
+    assert (p.block_rows, p.rank_cap, p.row_blocks, p.k_splits) == (16, 32, 1, 32)
+    assert p.workspace_bytes == 32 * 16 * 32 * 4 + 4
+    p = budget.act_quant_launch(1, 8192, 48, num_sms=132)
+    assert p.rank_cap == 128 and p.partials_bytes == 32 * 16 * 48 * 4  # the actual rank, not the cap
+    p = budget.act_quant_launch(1, 8192, 0, num_sms=132)
+    assert (p.rank_cap, p.k_splits, p.workspace_bytes) == (0, 32, 0)
+    # Every split CTA keeps at least two chunks; short K cannot be split.
+    assert budget.act_quant_launch(1, 256, 32, num_sms=132).k_splits == 1
+    assert budget.act_quant_launch(1, 256, 32, num_sms=132).workspace_bytes == 0
+    assert budget.act_quant_launch(1, 512, 32, num_sms=132).k_splits == 2
+    # Enough rows fill the GPU without a split.
+    p = budget.act_quant_launch(64 * 600, 4096, 32, num_sms=132)
+    assert (p.block_rows, p.k_splits, p.workspace_bytes) == (64, 1, 0)
+
+
+def test_act_quant_launch_tickets_are_aligned():
+    for rows, k, rank in [(1, 4096, 16), (33, 1536, 16), (333, 3072, 128), (4096, 576 * 2, 256)]:
+        p = budget.act_quant_launch(rows, k, rank, num_sms=132)
+        if p.workspace_bytes:
+            assert p.tickets_offset % 16 == 0 and p.tickets_offset >= p.partials_bytes
+            assert p.partials_bytes == p.row_blocks * p.k_splits * p.block_rows * rank * 4
+            assert p.workspace_bytes == p.tickets_offset + 4 * p.row_blocks
 
 
 def test_table_lists_act_quant_plans():

@@ -129,7 +129,11 @@ def _op_calls(rng):
     q, s, la = ops.act_quant(x, smooth, ld, act_format="uint4")
     xw, qw16, s16, z16 = _w4a16_operands(rng)
     return {
-        "act_quant": (functools.partial(ops.act_quant, act_format="uint4"), (x, smooth, ld), 'act_format = "uint4"'),
+        "act_quant": (
+            functools.partial(ops.act_quant, act_format="uint4"),
+            (x, smooth, ld),
+            f'act_format = "uint4", num_sms = {_library.cuda_sm_count()} : i64',
+        ),
         "w4a4_gemm": (
             functools.partial(ops.w4a4_gemm, act_format="uint4"),
             (q, s, la, qw, ws, lu),
@@ -176,6 +180,23 @@ def test_w4a16_lowering_adds_an_xla_allocated_workspace(rng):
         assert expected > 0  # this small layer is split over K
         assert f"-> (tensor<{m}x{n}xbf16>, tensor<{expected}xui8>)" in text
         assert lowered.out_info.shape == (m, n)
+
+
+def test_act_quant_lowering_adds_an_xla_allocated_workspace(rng):
+    """act_quant's K-split LA partials and tickets are a fourth FFI result sized by the launch plan; the
+    primitive still returns (q, scales, la)."""
+    k, r = 4096, 32
+    smooth = jnp.ones((k,), jnp.float32)
+    lora_down = jnp.asarray(rng.standard_normal((k, r)), jnp.bfloat16)
+    for m in (1, 4096):
+        x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+        lowered = jax.jit(functools.partial(ops.act_quant, act_format="int4")).trace(x, smooth, lora_down).lower(
+            lowering_platforms=("cuda",)
+        )
+        expected = budget.act_quant_launch(m, k, r, num_sms=_library.cuda_sm_count()).workspace_bytes
+        assert expected > 0  # both are split over K with a low-rank branch
+        assert f"tensor<{m}x{r}xf32>, tensor<{expected}xui8>)" in lowered.as_text()
+        assert [o.shape for o in lowered.out_info] == [(m, k), (m, k // 64), (m, r)]
 
 
 def test_op_without_a_kernel_fails_at_lowering_not_at_run_time(rng, monkeypatch):

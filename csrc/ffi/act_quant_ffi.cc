@@ -1,5 +1,7 @@
 // XLA FFI handler of `jax_w4a4_act_quant` (docs/layouts.md, act_quant): decode the buffers, check
-// them against the layout contract, launch csrc/kernels/sm90/act_quant.cu on XLA's stream.
+// them against the layout contract, launch csrc/kernels/sm90/act_quant.cu on XLA's stream. The K split's
+// workspace is a fourth result that XLA allocates (the lowering sizes it with ActQuantWorkspaceBytes for
+// the `num_sms` it plans for), so the call can be captured in a CUDA graph.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include "common/ffi_util.h"
 #include "ffi/handler_util.h"
 #include "kernels/sm90/act_quant.h"
+#include "kernels/sm90/act_quant_plan.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_w4a4 {
@@ -18,7 +21,8 @@ constexpr std::string_view kOp = "act_quant";
 
 ffi::Error ActQuant(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smooth, ffi::AnyBuffer lora_down,
                     ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scales,
-                    ffi::Result<ffi::AnyBuffer> la, std::string_view act_format) {
+                    ffi::Result<ffi::AnyBuffer> la, ffi::Result<ffi::AnyBuffer> workspace,
+                    std::string_view act_format, int64_t num_sms) {
   sm90::ActFormat format;
   if (!ParseActFormat(act_format, format)) {
     return Invalid(kOp, "act_format must be \"int4\", \"uint4\" or \"fp8\", got \"" + std::string(act_format) + "\"");
@@ -52,6 +56,9 @@ ffi::Error ActQuant(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smooth
   JAX_W4A4_RETURN_IF_ERROR(
       CheckActivationLike(kOp, *scales, x, "x", k / group, fp8 ? ffi::DataType::F32 : x.element_type(), "scales"));
   JAX_W4A4_RETURN_IF_ERROR(CheckActivationLike(kOp, *la, x, "x", rank, ffi::DataType::F32, "la"));
+  JAX_W4A4_RETURN_IF_ERROR(CheckNumSms(kOp, num_sms));
+  JAX_W4A4_RETURN_IF_ERROR(
+      CheckWorkspace(kOp, *workspace, sm90::ActQuantWorkspaceBytes(rows, k, rank, static_cast<int>(num_sms))));
   if (rows == 0) return ffi::Error::Success();
 
   sm90::ActQuantArgs args;
@@ -61,9 +68,12 @@ ffi::Error ActQuant(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smooth
   args.q = q->untyped_data();
   args.scales = scales->untyped_data();
   args.la = static_cast<float*>(la->untyped_data());
+  args.workspace = workspace->untyped_data();
+  args.workspace_bytes = static_cast<int64_t>(workspace->size_bytes());
   args.rows = rows;
   args.k = k;
   args.rank = rank;
+  args.num_sms = static_cast<int>(num_sms);
   args.dtype = x.element_type() == ffi::DataType::BF16 ? sm90::HalfType::kBf16 : sm90::HalfType::kFp16;
   args.format = format;
   return CudaStatus(sm90::LaunchActQuant(args, stream), "act_quant launch");
@@ -84,5 +94,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxW4a4ActQuant, jax_w4a4::ActQuant,
                                   .Ret<xla::ffi::AnyBuffer>()  // q
                                   .Ret<xla::ffi::AnyBuffer>()  // scales
                                   .Ret<xla::ffi::AnyBuffer>()  // la
-                                  .Attr<std::string_view>("act_format"),
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (uint8)
+                                  .Attr<std::string_view>("act_format")
+                                  .Attr<int64_t>("num_sms"),
                               {xla::ffi::Traits::kCmdBufferCompatible});  // no host sync, no allocation

@@ -146,6 +146,13 @@ def _no_kernel_checks(*avals, **params) -> None:
     del avals, params
 
 
+def _act_quant_workspace(x, smooth, lora_down, *, act_format):
+    del smooth, act_format
+    num_sms = _library.cuda_sm_count()
+    plan = budget.act_quant_launch(math.prod(x.shape[:-1]), x.shape[-1], lora_down.shape[1], num_sms=num_sms)
+    return plan.workspace_bytes, {"num_sms": num_sms}
+
+
 ACT_QUANT = FusedOp(
     name="act_quant",
     abstract_eval=_act_quant_abstract,
@@ -153,6 +160,7 @@ ACT_QUANT = FusedOp(
     kernel_checks=_no_kernel_checks,
     num_activations=1,
     num_results=3,
+    cuda_workspace=_act_quant_workspace,
 )
 
 

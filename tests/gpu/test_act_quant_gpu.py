@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_w4a4 import ops, reference
+from jax_w4a4 import budget, ops, reference
+from jax_w4a4.ops import _library
 
 pytestmark = pytest.mark.gpu
 
@@ -216,24 +217,34 @@ def test_deterministic(rng):
         np.testing.assert_array_equal(a, b)
 
 
+def _raw_call(rows, k, r, act_format, *, q_last=None, workspace_bytes=None, num_sms=None):
+    """The FFI target called directly (no abstract eval in front): results (q, scales, la, workspace)."""
+    group = 128 if act_format == "fp8" else 64
+    num_sms = _library.cuda_sm_count() if num_sms is None else num_sms
+    if workspace_bytes is None:
+        workspace_bytes = budget.act_quant_launch(rows, k, r, num_sms=max(num_sms, 1)).workspace_bytes
+    out = (jax.ShapeDtypeStruct((rows, k if q_last is None else q_last), jnp.uint8),
+           jax.ShapeDtypeStruct((rows, max(k // group, 1)), jnp.bfloat16),
+           jax.ShapeDtypeStruct((rows, r), jnp.float32), jax.ShapeDtypeStruct((workspace_bytes,), jnp.uint8))
+    call = jax.ffi.ffi_call("jax_w4a4_act_quant", out)
+    return jax.jit(lambda *a: call(*a, act_format=act_format, num_sms=np.int64(num_sms)))
+
+
 def test_handler_rejects_bad_shapes(rng):
     """The FFI handler validates on its own (second line of defence behind abstract eval)."""
-    x = jnp.asarray(rng.standard_normal((4, 96)), jnp.bfloat16)  # K = 96: not a multiple of 64
-    smooth = jnp.ones((96,), jnp.float32)
-    lora_down = jnp.zeros((96, 16), jnp.bfloat16)
-    out = (jax.ShapeDtypeStruct((4, 96), jnp.uint8), jax.ShapeDtypeStruct((4, 1), jnp.bfloat16),
-           jax.ShapeDtypeStruct((4, 16), jnp.float32))
-    call = jax.ffi.ffi_call("jax_w4a4_act_quant", out)
+    def args(rows, k, r):
+        return jax.device_put((jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16), jnp.ones((k,), jnp.float32),
+                               jnp.zeros((k, r), jnp.bfloat16)), _gpu())
+
     with pytest.raises(Exception, match="multiple of 64"):
-        jax.block_until_ready(jax.jit(lambda *a: call(*a, act_format="int4"))(*jax.device_put((x, smooth, lora_down), _gpu())))
-    x = jnp.asarray(rng.standard_normal((4, 128)), jnp.bfloat16)
-    out = (jax.ShapeDtypeStruct((4, 128), jnp.uint8), jax.ShapeDtypeStruct((4, 2), jnp.bfloat16),
-           jax.ShapeDtypeStruct((4, 16), jnp.float32))
-    call = jax.ffi.ffi_call("jax_w4a4_act_quant", out)
-    args = jax.device_put((x, jnp.ones((128,), jnp.float32), jnp.zeros((128, 16), jnp.bfloat16)), _gpu())
+        jax.block_until_ready(_raw_call(4, 96, 16, "int4")(*args(4, 96, 16)))  # K = 96
     with pytest.raises(Exception, match="act_format"):
-        jax.block_until_ready(jax.jit(lambda *a: call(*a, act_format="int8"))(*args))
-    packed = (jax.ShapeDtypeStruct((4, 64), jnp.uint8),) + out[1:]  # the old two-values-per-byte q
-    call = jax.ffi.ffi_call("jax_w4a4_act_quant", packed)
-    with pytest.raises(Exception, match="last dim 128"):
-        jax.block_until_ready(jax.jit(lambda *a: call(*a, act_format="int4"))(*args))
+        jax.block_until_ready(_raw_call(4, 128, 16, "int8")(*args(4, 128, 16)))
+    with pytest.raises(Exception, match="last dim 128"):  # the old two-values-per-byte q
+        jax.block_until_ready(_raw_call(4, 128, 16, "int4", q_last=64)(*args(4, 128, 16)))
+    with pytest.raises(Exception, match="num_sms"):
+        jax.block_until_ready(_raw_call(4, 128, 16, "int4", num_sms=0)(*args(4, 128, 16)))
+    needed = budget.act_quant_launch(1, 8192, 32, num_sms=_library.cuda_sm_count()).workspace_bytes
+    assert needed > 0
+    with pytest.raises(Exception, match="workspace"):  # a K split needs its LA partials and tickets
+        jax.block_until_ready(_raw_call(1, 8192, 32, "int4", workspace_bytes=needed - 16)(*args(1, 8192, 32)))

@@ -3,13 +3,12 @@
 // LA = X · L_down (fp32), in one pass over X.
 // Byte contract: docs/layouts.md, section act_quant.
 //
-// Work split. A CTA owns kBlockRows rows (64 for large M, 16 for small M) and a contiguous range of
+// Work split (PlanActQuantLaunch in act_quant_plan.h, which also sizes the workspace for the FFI
+// lowering). A CTA owns kBlockRows rows (64 for large M, 16 for small M) and a contiguous range of
 // 128-wide K chunks. When the row blocks alone cannot fill the CTAs the GPU holds at once, the K range is
-// split over S CTAs (grid 1 x S in y). With a low-rank branch those S CTAs form a thread-block cluster
-// (1 x S x 1) and their LA partials are summed through distributed shared memory at the end; that code
-// exists only in the kClusterSplit instances, the only ones launched with a cluster attribute. The
-// launcher sizes S from the occupancy API (cudaOccupancyMaxActiveClusters, cached per device): whole
-// clusters are placed inside one GPC, and a grid one cluster too large runs a second, nearly empty wave.
+// split over S CTAs (grid row blocks x S). With a low-rank branch each of them writes its fp32 LA partial
+// to the workspace and takes a ticket of its row block; the last one sums the S partials in split order
+// (deterministic) and writes LA. No thread-block cluster: 8-CTA clusters do not fit one wave on an H200.
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
@@ -23,8 +22,8 @@
 // loaded DRAM latency / 132 SMs = ~32 KB of reads in flight per SM; each CTA keeps its next 16 KB X tile
 // in flight while it quantizes the current one, so 4 CTAs keep ~64 KB per SM in flight (2x margin). The
 // L_down tile is shared by the CTA's 64 rows (re-reads from L2: 0.5 B per X byte at rank 32). M = 4096
-// runs 64 row blocks x S = 8 (or 4, if 8-CTA clusters do not fit in one wave): one wave of <= 528 CTAs.
-// Small M (16-row blocks, S up to 8) keeps M = 1..64 on 8+ SMs; ranks above 32 run fewer, larger CTAs.
+// runs 64 row blocks x S = 8: one wave of 512 of the 528 resident CTAs.
+// Small M (16-row blocks, S up to 32) keeps M = 1..64 on 32+ SMs; ranks above 32 run fewer, larger CTAs.
 //
 // Pipeline (one per CTA, every thread takes every role; kStages-deep ring of cp.async groups, one
 // __syncthreads per chunk, which with 4 CTAs per SM costs one CTA's issue slots, not the SM's):
@@ -39,7 +38,8 @@
 //  * low-rank: each warp runs mma.sync m16n8k16 (bf16/fp16 -> fp32) with A = the same staged X tile
 //              (ldmatrix, once per k16 step for all its column pairs) and B = the L_down tile
 //              (ldmatrix.trans); accumulators stay in registers.
-//  * epilogue: LA partials summed in cluster-rank order (deterministic, no scratch), written as fp32.
+//  * epilogue: LA as fp32; with a K split, partials through the workspace, summed in split order by the
+//              row block's last CTA (ticket counter, zeroed in-stream before the launch).
 //
 // Shared memory (ActQuantPlan, static_assert'ed: the ring fits kCtasPerSm CTAs per SM): per stage the X
 // tile (kBlockRows x 256 B, 16-byte pieces swizzled so that ldmatrix's 8 rows and the quantizer's 8
@@ -60,12 +60,12 @@
 // random operand pairs with the reciprocal seed within +-2 ulp of 1/b (MUFU.RCP's error is ~1 ulp),
 // plus seeds off by 300 ulp, plus the tiny-dividend sign and magnitude claims below.
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
@@ -77,7 +77,6 @@
 namespace jax_w4a4::sm90 {
 namespace {
 
-namespace cg = cooperative_groups;
 using ptx::CpAsyncCommit;
 using ptx::CpAsyncWait;
 using ptx::LdMatrixX4;
@@ -91,7 +90,6 @@ constexpr int kXRowBytes = kChunkK * 2;  // 256, unpadded (swizzled)
 constexpr int kUnitK = 16;              // quantizer unit: 16 consecutive k of one row (two pieces)
 constexpr int kUnitsPerRow = kChunkK / kUnitK;  // 8
 constexpr int kMaxRank = 256;
-constexpr int kMaxClusterSplit = 8;      // portable cluster size
 constexpr int64_t kMaxK = kActQuantMaxK;  // keeps offsets inside a row block in 32 bits
 
 // Byte offset of piece p (16 bytes, k = 8p .. 8p + 7) of row r in an X tile. Even pieces go to slots
@@ -130,20 +128,17 @@ struct TileConfig {
   static constexpr int kLoraLoadsPerThread = kChunkK * kRankCap / 8 / kThreads;
   // Shared memory. A stage: the X tile, the NEXT chunk's 128 lambdas, the L_down tile; after the ring the
   // column table, double buffered: a chunk's lambdas and their division reciprocals (NaN where lambda is
-  // outside the fast path's domain), built one chunk ahead. The cluster epilogue's fp32 LA partial (rows
-  // padded by 8 floats: fragment stores conflict-free) reuses all of it.
+  // outside the fast path's domain), built one chunk ahead.
   static constexpr int kXTileBytes = static_cast<int>(kPlan.x_tile_bytes);
   static constexpr int kLambdaBytes = static_cast<int>(kPlan.lambda_bytes);
   static constexpr int kStageBytes = static_cast<int>(kPlan.stage_bytes);
   static constexpr int kStages = kPlan.stages;
   static constexpr int kRingBytes = static_cast<int>(kPlan.ring_bytes);
-  static constexpr int kPartialPitch = kRankCap + 8;
   static constexpr int kSmemBytes = static_cast<int>(kPlan.total_bytes);
 
   static_assert(kPlan.fits(), "the ring needs two stages with kCtasPerSm CTAs resident per SM");
   static_assert(kChunkK == kActQuantChunkK && kXTileBytes == kBlockRows * kXRowBytes, "plan and kernel agree");
   static_assert(kPlan.column_table_bytes == 2 * 2 * kChunkK * 4, "column table: two chunks of (lambda, 1/lambda)");
-  static_assert(kPlan.partial_bytes == (kRankCap == 0 ? 0 : kBlockRows * kPartialPitch * 4), "LA partial");
   static_assert(kBlockRows % 16 == 0 && kWarps % kRowTiles == 0, "warps must tile the row block");
   static_assert(kCopyRowStep % 8 == 0 && kQuantRowStep % 8 == 0,
                 "a thread's rows share r % 8, so its swizzled offsets differ by constants");
@@ -153,7 +148,6 @@ struct TileConfig {
   static_assert(kRankCap % 16 == 0 && kRankCap <= kMaxRank, "rank is a multiple of 16, at most 256");
   static_assert(kLoraLoadsPerThread * kThreads == kChunkK * kRankCap / 8, "L_down pieces divide evenly");
   static_assert(kAccumulatorsPerThread <= 64, "LA accumulators must stay in registers");
-  static_assert(kBlockRows % kMaxClusterSplit == 0, "every cluster rank reduces whole rows");
   static_assert(kStageBytes % 128 == 0, "stages keep the swizzle's 128-byte alignment");
 };
 
@@ -164,6 +158,8 @@ struct Params {
   uint8_t* q;
   uint8_t* scales;
   float* la;
+  float* la_partials;  // K split with rank > 0: (row block, split, kBlockRows, rank) fp32 in the workspace
+  int* tickets;        // ... and one arrival counter per row block, zeroed before the launch
   int64_t rows;
   int k;
   int rank;
@@ -198,10 +194,6 @@ __device__ __forceinline__ float LdShared32f(uint32_t addr) {
 __device__ __forceinline__ void StShared32f(uint32_t addr, float a) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(a) : "memory");
 }
-__device__ __forceinline__ void StShared64f(uint32_t addr, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
-
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -563,12 +555,10 @@ __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, c
 
 // ---- kernel ---------------------------------------------------------------------------------------
 
-// kClusterSplit: the launch is a cluster of p.k_splits CTAs along y that sum their LA partials (rank > 0
-// and k_splits > 1 only); otherwise each CTA writes its own q, scales and (k_splits == 1) LA.
-template <class T, ActFormat kFormat, int kBlockRows, int kRankCap, bool kClusterSplit>
+// Grid: row blocks x p.k_splits. Each CTA writes the q and scales of its rows and chunks; LA as below.
+template <class T, ActFormat kFormat, int kBlockRows, int kRankCap>
 __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, TileConfig<kBlockRows, kRankCap>::kCtasPerSm)
     ActQuantKernel(const __grid_constant__ Params p) {
-  static_assert(!kClusterSplit || kRankCap > 0, "only the LA reduction needs a cluster");
   using Cfg = TileConfig<kBlockRows, kRankCap>;
   using F = Format<kFormat>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -579,7 +569,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
-  const int split = blockIdx.y;  // K range index (rank in the cluster when kClusterSplit)
+  const int split = blockIdx.y;  // K range index
   const int chunk_begin = static_cast<int>(static_cast<int64_t>(p.num_chunks) * split / p.k_splits);
   const int chunk_end = static_cast<int>(static_cast<int64_t>(p.num_chunks) * (split + 1) / p.k_splits);
   const int num_local_chunks = chunk_end - chunk_begin;
@@ -687,16 +677,19 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   };
 
   // ---- main loop: kStages-deep cp.async ring; the column table runs one chunk ahead ----
+  // The first chunk's table comes straight from global memory; its lambdas are loaded before the ring's
+  // copies, not queued behind them (the table is built while the first chunk is in flight).
+  const int first_kk = chunk_begin * kChunkK + tid;
+  const bool builds_first_table = tid < kChunkK && num_local_chunks > 0;
+  const float first_lambda = builds_first_table && first_kk < p.k ? p.smooth[first_kk] : 0.0f;
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
     if (s < num_local_chunks) load_chunk(s, chunk_begin + s);
     CpAsyncCommit();
   }
-  if (tid < kChunkK && num_local_chunks > 0) {  // the first chunk's table, straight from global memory
-    const int kk = chunk_begin * kChunkK + tid;
-    const float lambda = kk < p.k ? p.smooth[kk] : 0.0f;
-    StShared32f(table(0) + tid * 4, lambda);
-    StShared32f(table(0) + (kChunkK + tid) * 4, TableReciprocal(lambda));
+  if (builds_first_table) {
+    StShared32f(table(0) + tid * 4, first_lambda);
+    StShared32f(table(0) + (kChunkK + tid) * 4, TableReciprocal(first_lambda));
   }
   for (int i = 0, slot = 0; i < num_local_chunks; ++i, slot = slot + 1 == Cfg::kStages ? 0 : slot + 1) {
     CpAsyncWait<Cfg::kStages - 2>();
@@ -718,64 +711,78 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
 
   // ---- epilogue: LA ----
   if constexpr (kRankCap > 0) {
+    // This CTA's sum over its chunks: LA itself, or with a K split its partial in the workspace (whole
+    // rows: the reduction reads them as float4s).
+    const bool split_k = p.k_splits > 1;
+    const int64_t block_floats = int64_t{kBlockRows} * rank;
+    float* const own = split_k ? p.la_partials + (int64_t{blockIdx.x} * p.k_splits + split) * block_floats
+                               : p.la + row0 * rank;
+    const int own_rows = split_k ? kBlockRows : rows_left;
     const int g = lane >> 2, c = lane & 3;
-    if constexpr (!kClusterSplit) {  // k_splits == 1: this CTA holds the whole sum
 #pragma unroll
-      for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
-        const int pair = col_group + pp * Cfg::kColGroups;
-        if (pair >= num_pairs) break;
+    for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
+      const int pair = col_group + pp * Cfg::kColGroups;
+      if (pair >= num_pairs) break;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int col = pair * 16 + half * 8 + 2 * c;
+      for (int half = 0; half < 2; ++half) {
+        const int col = pair * 16 + half * 8 + 2 * c;
 #pragma unroll
-          for (int rh = 0; rh < 2; ++rh) {
-            const int r = row_tile * 16 + g + rh * 8;
-            if (r < rows_left) {
-              *reinterpret_cast<float2*>(p.la + (row0 + r) * rank + col) =
-                  make_float2(acc[pp][half][2 * rh], acc[pp][half][2 * rh + 1]);
-            }
+        for (int rh = 0; rh < 2; ++rh) {
+          const int r = row_tile * 16 + g + rh * 8;
+          if (r < own_rows) {
+            *reinterpret_cast<float2*>(own + r * rank + col) = make_float2(acc[pp][half][2 * rh], acc[pp][half][2 * rh + 1]);
           }
         }
       }
-    } else {
-      // K split over the cluster: partials through distributed shared memory, summed in rank order.
-      CpAsyncWait<0>();
-      __syncthreads();  // the ring and the table are free
+    }
+    if (split_k) {
+      // bar.sync orders every thread's partial before thread 0's fence and ticket (one fence per CTA,
+      // not one per thread: each waits for its own thread's stores, q and scales included).
+      __syncthreads();
+      bool last = false;
+      if (tid == 0) {
+        __threadfence();
+        last = atomicAdd(p.tickets + blockIdx.x, 1) == p.k_splits - 1;
+      }
+      if (!__syncthreads_or(last)) return;
+      __threadfence();
+      // kSplitsInFlight splits at a time, all their items' loads issued together (~16 float4 loads in
+      // flight), then added in split order: the tail costs ~splits x items / 16 L2 round trips. Splits
+      // are powers of two, so a block is either full or the only one; a missing split adds +0.
+      constexpr int kItems = (kBlockRows * kRankCap / 4 + Cfg::kThreads - 1) / Cfg::kThreads;
+      constexpr int kSplitsInFlight = kItems >= 16 ? 1 : 16 / kItems;
+      const float4* partials = reinterpret_cast<const float4*>(p.la_partials + int64_t{blockIdx.x} * p.k_splits * block_floats);
+      const int split_quads = static_cast<int>(block_floats / 4);
+      const int quads = rows_left * rank / 4;
+      float4 sum[kItems] = {};
+      for (int s0 = 0; s0 < p.k_splits; s0 += kSplitsInFlight) {
+        float4 v[kSplitsInFlight][kItems];
 #pragma unroll
-      for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
-        const int pair = col_group + pp * Cfg::kColGroups;
-        if (pair >= num_pairs) break;
+        for (int i = 0; i < kSplitsInFlight; ++i) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int col = pair * 16 + half * 8 + 2 * c;
+          for (int j = 0; j < kItems; ++j) {
+            const int item = tid + j * Cfg::kThreads;
+            const bool valid = s0 + i < p.k_splits && item < quads;
+            v[i][j] = valid ? __ldcg(partials + (s0 + i) * split_quads + item) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+        }
 #pragma unroll
-          for (int rh = 0; rh < 2; ++rh) {
-            const int r = row_tile * 16 + g + rh * 8;
-            StShared64f(smem_base + (r * Cfg::kPartialPitch + col) * 4, acc[pp][half][2 * rh],
-                        acc[pp][half][2 * rh + 1]);
+        for (int i = 0; i < kSplitsInFlight; ++i) {
+#pragma unroll
+          for (int j = 0; j < kItems; ++j) {
+            sum[j].x += v[i][j].x;
+            sum[j].y += v[i][j].y;
+            sum[j].z += v[i][j].z;
+            sum[j].w += v[i][j].w;
           }
         }
       }
-      cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();  // all partials written and visible cluster-wide
-      const float* partial = reinterpret_cast<const float*>(smem);
-      const int rows_per_rank = kBlockRows / p.k_splits;
-      const int quads_per_row = rank / 4;
-      for (int item = tid; item < rows_per_rank * quads_per_row; item += Cfg::kThreads) {
-        const int r = split * rows_per_rank + item / quads_per_row;
-        const int col = (item % quads_per_row) * 4;
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int s = 0; s < p.k_splits; ++s) {
-          const float4 v = *reinterpret_cast<const float4*>(cluster.map_shared_rank(partial, s) +
-                                                            r * Cfg::kPartialPitch + col);
-          sum.x += v.x;
-          sum.y += v.y;
-          sum.z += v.z;
-          sum.w += v.w;
-        }
-        if (r < rows_left) *reinterpret_cast<float4*>(p.la + (row0 + r) * rank + col) = sum;
+      float4* la = reinterpret_cast<float4*>(p.la + row0 * rank);
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const int item = tid + j * Cfg::kThreads;
+        if (item < quads) la[item] = sum[j];
       }
-      cluster.sync();  // keep every CTA's shared memory alive until all reads are done
     }
   }
 }
@@ -784,138 +791,44 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
 
 constexpr int kMaxDevices = 64;
 
-// One kernel instance: its attributes (set once per device: a function attribute is a property of the
-// device's context), how many of its CTAs the GPU holds at once for a given K split (cached per device
-// and split), and the launch itself.
-template <class T, ActFormat kFormat, int kBlockRows, int kRankCap, bool kClusterSplit>
-struct Instance {
+// One kernel instance: its function attributes (set once per device: an attribute is a property of the
+// device's context), then the launch on a grid of row blocks x K splits.
+template <class T, ActFormat kFormat, int kBlockRows, int kRankCap>
+cudaError_t LaunchInstance(const Params& params, int64_t row_blocks, cudaStream_t stream) {
   using Cfg = TileConfig<kBlockRows, kRankCap>;
-  static constexpr auto kKernel = ActQuantKernel<T, kFormat, kBlockRows, kRankCap, kClusterSplit>;
-
-  static cudaError_t Configure(int device) {
-    static std::atomic<bool> configured[kMaxDevices] = {};
-    if (device < kMaxDevices && configured[device].load(std::memory_order_acquire)) return cudaSuccess;
+  constexpr auto kKernel = ActQuantKernel<T, kFormat, kBlockRows, kRankCap>;
+  static std::atomic<bool> configured[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (device >= kMaxDevices || !configured[device].load(std::memory_order_acquire)) {
     // More than 48 KB of dynamic shared memory, and the largest carveout so that kCtasPerSm CTAs fit.
-    cudaError_t status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (status == cudaSuccess) {
       status = cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     }
-    if (status == cudaSuccess && device < kMaxDevices) configured[device].store(true, std::memory_order_release);
-    return status;
-  }
-
-  static cudaLaunchConfig_t Config(int row_blocks, int k_splits, cudaStream_t stream, cudaLaunchAttribute* cluster) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(k_splits), 1);
-    config.blockDim = dim3(Cfg::kThreads, 1, 1);
-    config.dynamicSmemBytes = Cfg::kSmemBytes;
-    config.stream = stream;
-    // The cluster spans the grid's y extent exactly (k_splits <= 8, portable), so it divides the grid.
-    cluster->id = cudaLaunchAttributeClusterDimension;
-    cluster->val.clusterDim.x = 1;
-    cluster->val.clusterDim.y = static_cast<unsigned>(k_splits);
-    cluster->val.clusterDim.z = 1;
-    config.attrs = cluster;
-    config.numAttrs = kClusterSplit ? 1 : 0;
-    return config;
-  }
-
-  // CTAs resident at once on the whole GPU with this K split: clusters are placed whole inside a GPC,
-  // so for a cluster launch this can be less than SMs x kCtasPerSm (a second, nearly empty wave would
-  // double the kernel's time). Host-side occupancy queries only: no stream work, graph-capture safe.
-  static cudaError_t ResidentCtas(int device, int sms, int k_splits, int64_t& ctas) {
-    static std::atomic<int64_t> cache[kMaxDevices][4] = {};  // by log2(k_splits); 0 = not queried yet
-    int log2_splits = 0;
-    while ((1 << log2_splits) < k_splits) ++log2_splits;
-    if (device < kMaxDevices) {
-      const int64_t cached = cache[device][log2_splits].load(std::memory_order_acquire);
-      if (cached > 0) {
-        ctas = cached;
-        return cudaSuccess;
-      }
-    }
-    cudaError_t status = Configure(device);
     if (status != cudaSuccess) return status;
-    if constexpr (kClusterSplit) {
-      cudaLaunchAttribute cluster;
-      const cudaLaunchConfig_t config = Config(1, k_splits, nullptr, &cluster);
-      int clusters = 0;
-      status = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config);
-      ctas = int64_t{clusters} * k_splits;
-    } else {
-      int per_sm = 0;
-      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, Cfg::kThreads, Cfg::kSmemBytes);
-      ctas = int64_t{per_sm} * sms;
-    }
-    if (status != cudaSuccess) return status;
-    if (ctas <= 0) return cudaErrorInvalidConfiguration;  // the instance cannot run on this device
-    if (device < kMaxDevices) cache[device][log2_splits].store(ctas, std::memory_order_release);
-    return cudaSuccess;
+    if (device < kMaxDevices) configured[device].store(true, std::memory_order_release);
   }
-
-  static cudaError_t Launch(const Params& params, int device, int row_blocks, cudaStream_t stream) {
-    const cudaError_t status = Configure(device);
-    if (status != cudaSuccess) return status;
-    cudaLaunchAttribute cluster;
-    const cudaLaunchConfig_t config = Config(row_blocks, params.k_splits, stream, &cluster);
-    return cudaLaunchKernelEx(&config, kKernel, params);
-  }
-};
-
-// Picks the K split for one row-block size and rank bucket, then launches. The split: the smallest power
-// of two (at most 8, each CTA keeping at least two chunks) whose grid fills the CTAs the GPU holds at
-// once; then, with a cluster, halved while the grid would not fit in one wave of whole clusters.
-// A cluster instance exactly when LA partials must be summed across CTAs (rank > 0 and a split).
-template <class T, ActFormat kFormat, int kBlockRows, int kRankCap>
-cudaError_t LaunchRowBlocks(Params params, int device, int sms, cudaStream_t stream) {
-  using Plain = Instance<T, kFormat, kBlockRows, kRankCap, false>;
-  const int64_t row_blocks = (params.rows + kBlockRows - 1) / kBlockRows;
-  if (row_blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  int64_t resident = 0;
-  cudaError_t status = Plain::ResidentCtas(device, sms, 1, resident);
-  if (status != cudaSuccess) return status;
-  int splits = 1;
-  while (splits < kMaxClusterSplit && row_blocks * splits < resident * 9 / 10 && 2 * splits <= params.num_chunks) {
-    splits *= 2;
-  }
-  if constexpr (kRankCap > 0) {
-    using Clustered = Instance<T, kFormat, kBlockRows, kRankCap, true>;
-    while (splits > 1) {
-      status = Clustered::ResidentCtas(device, sms, splits, resident);
-      if (status != cudaSuccess) return status;
-      if (row_blocks * splits <= resident) break;
-      splits /= 2;
-    }
-    params.k_splits = splits;
-    if (splits > 1) return Clustered::Launch(params, device, static_cast<int>(row_blocks), stream);
-  }
-  params.k_splits = splits;
-  return Plain::Launch(params, device, static_cast<int>(row_blocks), stream);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(params.k_splits), 1);
+  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
 }
 
-// Rank buckets: the smallest instance that holds the rank.
-template <class T, ActFormat kFormat, int kBlockRows>
-cudaError_t DispatchRank(const Params& params, int device, int sms, cudaStream_t stream) {
-  if (params.rank == 0) return LaunchRowBlocks<T, kFormat, kBlockRows, 0>(params, device, sms, stream);
-  if (params.rank <= 32) return LaunchRowBlocks<T, kFormat, kBlockRows, 32>(params, device, sms, stream);
-  if (params.rank <= 128) return LaunchRowBlocks<T, kFormat, kBlockRows, 128>(params, device, sms, stream);
-  return LaunchRowBlocks<T, kFormat, kBlockRows, 256>(params, device, sms, stream);
-}
-
-constexpr int RankBucket(int rank) { return rank == 0 ? 0 : rank <= 32 ? 32 : rank <= 128 ? 128 : 256; }
-
+// The instance of the launch plan's row block and rank bucket.
 template <class T, ActFormat kFormat>
-cudaError_t DispatchShape(const Params& params, cudaStream_t stream) {
-  int device = 0, sms = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (status != cudaSuccess) return status;
-  // 64-row blocks (L_down tile shared by 64 rows) whenever their row blocks, split at most 8 ways along
-  // K, fill the GPU's resident CTAs; 16-row blocks for small M.
-  const int64_t ctas_64 = int64_t{sms} * ActQuantCtasPerSm({64, RankBucket(params.rank)});
-  const int64_t blocks_64 = (params.rows + 63) / 64;
-  if (blocks_64 * kMaxClusterSplit >= ctas_64 * 9 / 10) return DispatchRank<T, kFormat, 64>(params, device, sms, stream);
-  return DispatchRank<T, kFormat, 16>(params, device, sms, stream);
+cudaError_t LaunchPlanned(const Params& params, const ActQuantLaunch& launch, cudaStream_t stream) {
+  auto for_rows = [&](auto block_rows) {
+    constexpr int kBlockRows = decltype(block_rows)::value;
+    switch (launch.shape.rank_cap) {
+      case 0: return LaunchInstance<T, kFormat, kBlockRows, 0>(params, launch.row_blocks, stream);
+      case 32: return LaunchInstance<T, kFormat, kBlockRows, 32>(params, launch.row_blocks, stream);
+      case 128: return LaunchInstance<T, kFormat, kBlockRows, 128>(params, launch.row_blocks, stream);
+      default: return LaunchInstance<T, kFormat, kBlockRows, 256>(params, launch.row_blocks, stream);
+    }
+  };
+  return launch.shape.block_rows == 64 ? for_rows(std::integral_constant<int, 64>{})
+                                       : for_rows(std::integral_constant<int, 16>{});
 }
 
 }  // namespace
@@ -926,8 +839,13 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   if (args.rows < 0 || args.k <= 0 || args.k % group != 0 || args.k > kMaxK) {
     return cudaErrorInvalidValue;
   }
-  if (args.rank < 0 || args.rank > kMaxRank || args.rank % 16 != 0) return cudaErrorInvalidValue;
+  if (args.rank < 0 || args.rank > kMaxRank || args.rank % 16 != 0 || args.num_sms < 1) return cudaErrorInvalidValue;
   if (args.rows == 0) return cudaSuccess;
+  const ActQuantLaunch launch = PlanActQuantLaunch(args.rows, args.k, args.rank, args.num_sms);
+  if (launch.row_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (launch.workspace_bytes > 0 && (args.workspace == nullptr || args.workspace_bytes < launch.workspace_bytes)) {
+    return cudaErrorInvalidValue;
+  }
   Params params = {};
   params.x = static_cast<const uint8_t*>(args.x);
   params.smooth = args.smooth;
@@ -939,11 +857,17 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   params.k = static_cast<int>(args.k);
   params.rank = static_cast<int>(args.rank);
   params.num_chunks = static_cast<int>((args.k + kChunkK - 1) / kChunkK);
-  params.k_splits = 1;
+  params.k_splits = launch.k_splits;
+  if (launch.workspace_bytes > 0) {
+    params.la_partials = static_cast<float*>(args.workspace);
+    params.tickets = reinterpret_cast<int*>(static_cast<uint8_t*>(args.workspace) + launch.tickets_offset);
+    const cudaError_t status = cudaMemsetAsync(params.tickets, 0, launch.row_blocks * sizeof(int), stream);
+    if (status != cudaSuccess) return status;
+  }
   auto dispatch = [&](auto format) {
     constexpr ActFormat kFormat = decltype(format)::value;
-    return args.dtype == HalfType::kBf16 ? DispatchShape<__nv_bfloat16, kFormat>(params, stream)
-                                         : DispatchShape<__half, kFormat>(params, stream);
+    return args.dtype == HalfType::kBf16 ? LaunchPlanned<__nv_bfloat16, kFormat>(params, launch, stream)
+                                         : LaunchPlanned<__half, kFormat>(params, launch, stream);
   };
   switch (args.format) {
     case ActFormat::kInt4:

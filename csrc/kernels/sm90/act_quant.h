@@ -20,16 +20,20 @@ struct ActQuantArgs {
   void* q;                // uint8 (rows, k): one float8_e4m3fn code per value, every format
   void* scales;           // (rows, k/64) x dtype or (rows, k/128) fp32
   float* la;              // (rows, rank) fp32; unused when rank == 0
+  void* workspace;        // ActQuantWorkspaceBytes(rows, k, rank, num_sms) bytes (act_quant_plan.h), or none if 0
+  int64_t workspace_bytes;
   int64_t rows;
   int64_t k;
   int64_t rank;
+  int num_sms;            // the SM count the launch is planned for (the one the workspace was sized with)
   HalfType dtype;
   ActFormat format;
 };
 
 // Enqueues the kernel on `stream` (no host sync, no allocation, CUDA-graph safe). Returns
 // cudaErrorInvalidValue for shapes outside the kernel's contract (k % 64 for int4/uint4, k % 128 for
-// fp8, k <= kActQuantMaxK, rank % 16 == 0 and <= 256), otherwise the launch status.
+// fp8, k <= kActQuantMaxK, rank % 16 == 0 and <= 256, num_sms >= 1) or a workspace smaller than
+// ActQuantWorkspaceBytes, otherwise the launch status.
 cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream);
 
 }  // namespace jax_w4a4::sm90

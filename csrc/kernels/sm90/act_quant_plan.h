@@ -6,7 +6,8 @@
 // tile, the next chunk's 128 lambdas and, with a low-rank branch, the L_down tile. The plan fixes the CTAs
 // that must be resident on one SM (the occupancy the kernel is designed for: the bandwidth comes from
 // several small CTAs per SM, each hiding the others' barriers) and solves the deepest ring that lets that
-// many CTAs share the SM's 228 KB.
+// many CTAs share the SM's 228 KB. The launch plan (PlanActQuantLaunch) picks the row block and the K
+// split from that occupancy, so the FFI lowering can size the split's workspace before any launch.
 #pragma once
 
 #include <cstdint>
@@ -39,10 +40,7 @@ struct ActQuantPlan {
   int64_t stage_bytes;
   int64_t ring_bytes;
   int64_t column_table_bytes;  // two chunks of (lambda, reciprocal)
-  int64_t partial_bytes;       // cluster epilogue: fp32 LA partial (rows padded by 8 floats), reuses the ring
   int64_t total_bytes;         // dynamic shared memory per CTA
-
-  constexpr int64_t pipeline_bytes() const { return ring_bytes + column_table_bytes; }
   constexpr int64_t per_sm_bytes() const { return ctas_per_sm * (total_bytes + budget::kSmemReservedPerCtaSm90); }
   // The register cap __launch_bounds__(threads, ctas_per_sm) gives ptxas.
   constexpr int max_registers() const { return budget::LaunchRegisters(threads, ctas_per_sm); }
@@ -84,8 +82,7 @@ constexpr ActQuantPlan MakeActQuantPlan(ActQuantShape s, int stages) {
   p.stage_bytes = p.x_tile_bytes + p.lambda_bytes + p.lora_tile_bytes;
   p.ring_bytes = stages * p.stage_bytes;
   p.column_table_bytes = 2 * 2 * kActQuantChunkK * 4;
-  p.partial_bytes = s.rank_cap == 0 ? 0 : int64_t{s.block_rows} * (s.rank_cap + 8) * 4;
-  p.total_bytes = p.pipeline_bytes() > p.partial_bytes ? p.pipeline_bytes() : p.partial_bytes;
+  p.total_bytes = p.ring_bytes + p.column_table_bytes;
   return p;
 }
 
@@ -102,5 +99,66 @@ constexpr ActQuantPlan SolveActQuantPlan(ActQuantShape s) {
 inline constexpr ActQuantShape kActQuantShapes[] = {
     {64, 0}, {64, 32}, {64, 128}, {64, 256}, {16, 0}, {16, 32}, {16, 128}, {16, 256},
 };
+
+// ---- launch plan ----------------------------------------------------------------------------------
+//
+// K split: the split CTAs of a row block quantize disjoint chunks and, with a low-rank branch, leave
+// fp32 LA partials in the workspace; the last of them to finish (a ticket per row block, zeroed before
+// the launch) sums them in split order, so LA does not depend on the arrival order. No thread-block
+// cluster: clusters are placed whole inside a GPC, and on a 132-SM H200 64 clusters of 8 CTAs at 4 CTAs
+// per SM do not fit in one wave (benchmarks/NOTES.md, session 7: the cluster version had to halve its
+// split and ran 2 warps per scheduler instead of 4).
+inline constexpr int kActQuantMaxSplits = 32;     // the last CTA reads splits x block_rows x rank floats
+inline constexpr int kActQuantMinSplitChunks = 2;  // chunks per split CTA: its ring overlaps copy and compute
+
+constexpr int ActQuantRankCap(int64_t rank) { return rank == 0 ? 0 : rank <= 32 ? 32 : rank <= 128 ? 128 : 256; }
+
+struct ActQuantLaunch {
+  ActQuantShape shape;
+  int64_t row_blocks;
+  int k_splits;
+  int64_t partials_bytes;   // workspace: row_blocks x k_splits x block_rows x rank fp32 LA partials
+  int64_t tickets_offset;   // workspace: one int per row block, after the partials (16-byte aligned)
+  int64_t workspace_bytes;  // 0 when nothing is reduced across CTAs (no split, or rank 0)
+};
+
+// The largest split worth taking (a power of two) for num_chunks chunks of K.
+constexpr int ActQuantSplitCap(int num_chunks) {
+  int cap = 1;
+  while (2 * cap <= kActQuantMaxSplits && 2 * cap * kActQuantMinSplitChunks <= num_chunks) cap *= 2;
+  return cap;
+}
+
+// The CTAs the GPU holds at once for one instance: the designed occupancy, which the kernel's
+// __launch_bounds__ (registers) and its static_assert'ed plan (shared memory) guarantee.
+constexpr int64_t ActQuantResidentCtas(ActQuantShape s, int num_sms) { return int64_t{num_sms} * ActQuantCtasPerSm(s); }
+
+// Row block: 64 rows (the L_down tile is shared by 64 rows) when those row blocks, split along K, fill
+// the resident CTAs; else 16 rows. Split: the smallest power of two whose grid fills them (within 10%).
+constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t rank, int num_sms) {
+  ActQuantLaunch launch{};
+  const int num_chunks = static_cast<int>((k + kActQuantChunkK - 1) / kActQuantChunkK);
+  const int split_cap = ActQuantSplitCap(num_chunks);
+  const int rank_cap = ActQuantRankCap(rank);
+  const ActQuantShape large{64, rank_cap}, small{16, rank_cap};
+  const int64_t large_blocks = (rows + 63) / 64;
+  const bool use_large = large_blocks * split_cap >= ActQuantResidentCtas(large, num_sms) * 9 / 10;
+  launch.shape = use_large ? large : small;
+  launch.row_blocks = (rows + launch.shape.block_rows - 1) / launch.shape.block_rows;
+  const int64_t target = ActQuantResidentCtas(launch.shape, num_sms) * 9 / 10;
+  launch.k_splits = 1;
+  while (launch.k_splits < split_cap && launch.row_blocks * launch.k_splits < target) launch.k_splits *= 2;
+  if (launch.k_splits > 1 && rank > 0) {
+    launch.partials_bytes = launch.row_blocks * launch.k_splits * launch.shape.block_rows * rank * 4;
+    launch.tickets_offset = (launch.partials_bytes + 15) / 16 * 16;
+    launch.workspace_bytes = launch.tickets_offset + launch.row_blocks * 4;
+  }
+  return launch;
+}
+
+// Workspace of one launch planned for num_sms SMs (the FFI lowering sizes the op's workspace result with it).
+constexpr int64_t ActQuantWorkspaceBytes(int64_t rows, int64_t k, int64_t rank, int num_sms) {
+  return PlanActQuantLaunch(rows, k, rank, num_sms).workspace_bytes;
+}
 
 }  // namespace jax_w4a4::sm90
