@@ -39,7 +39,8 @@
 //  * compute: per k16 step and m16 tile, lop3 + fma dequantization (the 0x6400 fp16 / 0x4300 bf16
 //    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), ldmatrix for X, mma.sync (raw codes:
 //    plus one column-sum MMA per token tile and two k16 steps), promotion at group ends.
-//  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials, ticket, ordered reduction).
+//  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials of the lanes that hold a token
+//    < M, ticket, ordered reduction).
 // Act-order: the weights are stored in argsort(g_idx) order; LaunchGemm first gathers X's columns in
 // that order (a small kernel, into the workspace) and checks g_idx against the stored permutation: a mismatch
 // turns the affected columns into NaN, so a wrong g_idx can never give a plausible wrong answer.
@@ -547,16 +548,22 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
 
   // ---- split-K: fragment-order partials, the last CTA of the tile sums them in split order
   if (p.splits > 1) {
-    const size_t slot_float4s = static_cast<size_t>(p.warps) * kTiles * kMTiles * 32;
+    // Lane quad c holds tokens 2c, 2c + 1 of each token tile. With one token tile, only the quads that
+    // hold a token < M are stored and summed (M = 1: a quarter of the bytes; the others hold padding
+    // tokens, which the epilogue never stores), packed in fragment order.
+    const int live_quads = kMTiles == 1 ? min(4, (rows_m + 1) / 2) : 4;
+    const int live_lanes = 8 * live_quads;
+    const bool lane_live = lane % 4 < live_quads;
+    const size_t slot_float4s = static_cast<size_t>(p.warps) * kTiles * kMTiles * live_lanes;
     float4* tile_partials =
         p.partials + static_cast<size_t>(m_block * p.n_tiles + tile) * p.splits * slot_float4s;
-    const int fragment = warp * kTiles * kMTiles * 32 + lane;
-    if (warp_active) {
+    const int fragment = warp * kTiles * kMTiles * live_lanes + (lane / 4) * live_quads + lane % 4;
+    if (warp_active && lane_live) {
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          tile_partials[split * slot_float4s + fragment + (t * kMTiles + mt) * 32] =
+          tile_partials[split * slot_float4s + fragment + (t * kMTiles + mt) * live_lanes] =
               make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]);
         }
       }
@@ -573,15 +580,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     // Split-major, every fragment's load of a split issued together and ~16 float4 loads in flight: the
     // sum costs ~splits x fragments / 16 L2 round trips instead of one per split and fragment.
     constexpr int kSplitsInFlight = std::max(1, 16 / (kTiles * kMTiles));
-    if (warp_active) {
 #pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
+    for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[t][mt][e] = 0.f;
-        }
+        for (int e = 0; e < 4; ++e) acc[t][mt][e] = 0.f;
       }
+    }
+    if (warp_active && lane_live) {
 #pragma unroll kSplitsInFlight
       for (int s = 0; s < p.splits; ++s) {
         float4 v[kTiles][kMTiles];
@@ -589,7 +596,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
         for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-            v[t][mt] = __ldcg(tile_partials + s * slot_float4s + fragment + (t * kMTiles + mt) * 32);
+            v[t][mt] = __ldcg(tile_partials + s * slot_float4s + fragment + (t * kMTiles + mt) * live_lanes);
           }
         }
 #pragma unroll
