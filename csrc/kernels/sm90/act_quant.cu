@@ -65,7 +65,6 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
