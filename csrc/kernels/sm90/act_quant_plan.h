@@ -21,7 +21,7 @@ inline constexpr int kActQuantMaxStages = 6;
 inline constexpr int kActQuantMinStages = 2;        // one chunk in flight while the previous is computed
 
 struct ActQuantShape {
-  int block_rows;  // rows per CTA: 64 (large M) or 16 (small M, K split over a cluster)
+  int block_rows;  // rows per CTA: 64 (large M) or 16 (small M, K split wider)
   int rank_cap;    // largest low-rank rank the instance serves (0: no low-rank branch)
 };
 
@@ -118,7 +118,7 @@ struct ActQuantLaunch {
   int64_t row_blocks;
   int k_splits;
   int64_t partials_bytes;   // workspace: row_blocks x k_splits x block_rows x rank fp32 LA partials
-  int64_t tickets_offset;   // workspace: one int per row block, after the partials (16-byte aligned)
+  int64_t tickets_offset;   // workspace: one int per row block, after the partials (budget::kWorkspaceAlign)
   int64_t workspace_bytes;  // 0 when nothing is reduced across CTAs (no split, or rank 0)
 };
 
@@ -150,7 +150,7 @@ constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t ran
   while (launch.k_splits < split_cap && launch.row_blocks * launch.k_splits < target) launch.k_splits *= 2;
   if (launch.k_splits > 1 && rank > 0) {
     launch.partials_bytes = launch.row_blocks * launch.k_splits * launch.shape.block_rows * rank * 4;
-    launch.tickets_offset = (launch.partials_bytes + 15) / 16 * 16;
+    launch.tickets_offset = budget::AlignUp(launch.partials_bytes, budget::kWorkspaceAlign);
     launch.workspace_bytes = launch.tickets_offset + launch.row_blocks * 4;
   }
   return launch;
