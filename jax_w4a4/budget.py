@@ -96,6 +96,8 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4W4a16WorkspaceBytes.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2
     lib.JaxW4a4W4a4WorkspaceBytes.restype = ctypes.c_int64
     lib.JaxW4a4W4a4WorkspaceBytes.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.JaxW4a4ArrivalCounterLimits.restype = None
+    lib.JaxW4a4ArrivalCounterLimits.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     return lib
 
 
@@ -171,16 +173,34 @@ def act_quant_plan(block_rows: int, rank_cap: int) -> ActQuantPlan:
 @dataclasses.dataclass(frozen=True)
 class ActQuantLaunch:
     """How one act_quant call is launched for ``num_sms`` SMs (PlanActQuantLaunch in act_quant_plan.h): the
-    instance (``block_rows``, ``rank_cap``), a grid of ``row_blocks`` x ``k_splits`` CTAs, and the workspace
-    that a K split with a low-rank branch needs: fp32 LA partials, then one ticket per row block."""
+    instance (``block_rows``, ``rank_cap``), a grid of ``row_blocks`` x ``k_splits`` CTAs, and what a K split
+    with a low-rank branch needs: fp32 LA partials (the workspace) and one arrival counter per row block
+    (the library's self-re-arming counters, csrc/common/arrival_counters.h)."""
 
     block_rows: int
     rank_cap: int
     row_blocks: int
     k_splits: int
     partials_bytes: int
-    tickets_offset: int
+    arrival_counters: int
     workspace_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrivalCounterLimits:
+    """Each kernel's pool of self-re-arming arrival counters (csrc/common/arrival_counters.h), which the
+    split-K and stream-K reductions use instead of a zeroed workspace: ``counters`` per kernel, enough for
+    every launch planned for at most ``max_num_sms`` SMs."""
+
+    counters: int
+    max_num_sms: int
+
+
+def arrival_counter_limits() -> ArrivalCounterLimits:
+    """The arrival-counter pool's sizes, as compiled."""
+    out = (ctypes.c_int64 * 2)()
+    _load().JaxW4a4ArrivalCounterLimits(out)
+    return ArrivalCounterLimits(*(int(v) for v in out))
 
 
 def act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> ActQuantLaunch:
@@ -194,8 +214,7 @@ def act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> ActQuantL
 class W4a16Plan:
     """The sm90 w4a16 GEMM plan of one token tile (csrc/kernels/sm90/w4a16_gemm_plan.h): per ring stage
     (one 64-wide K atom) 512 B of prepacked weights per m16 tile (8 warps x ``tiles_per_warp`` tiles)
-    and the X tile; a fixed double-buffered scale table and the ticket flag; ``ctas_per_sm`` CTAs
-    designed to share an SM."""
+    and the X tile; a fixed double-buffered scale table; ``ctas_per_sm`` CTAs designed to share an SM."""
 
     m_tiles: int
     block_m: int
@@ -208,13 +227,12 @@ class W4a16Plan:
     stage_bytes: int
     ring_bytes: int
     scale_tables_bytes: int
-    flag_bytes: int
     total_bytes: int
     per_sm_bytes: int
     fits: bool
 
 
-_W4A16_FIELDS = 14
+_W4A16_FIELDS = 13
 
 
 def w4a16_m_tiles() -> list[int]:
@@ -234,7 +252,7 @@ def w4a16_plan(m_tiles: int) -> W4a16Plan:
 
 def w4a16_workspace_bytes(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> int:
     """Device workspace of one w4a16 GEMM launch planned for ``num_sms`` SMs (split-K partials and
-    tickets, the act-order gather of X); -1 when the kernel does not serve the shape."""
+    the act-order gather of X); -1 when the kernel does not serve the shape."""
     return int(_load().JaxW4a4W4a16WorkspaceBytes(m, n, k, group_size, int(act_order), num_sms))
 
 

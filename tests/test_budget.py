@@ -180,11 +180,11 @@ def test_act_quant_bandwidth_instance():
 def test_act_quant_launch_fills_the_resident_ctas():
     """M = K = 4096 at rank 32: 64 row blocks of 64 rows split 8 ways along K = 512 CTAs, one wave of the
     132 x 4 resident ones (no cluster, so nothing halves the split); the workspace holds every split's
-    fp32 LA partial, then one ticket per row block."""
+    fp32 LA partial; each row block has an arrival counter (outside the workspace)."""
     p = budget.act_quant_launch(4096, 4096, 32, num_sms=132)
     assert (p.block_rows, p.rank_cap, p.row_blocks, p.k_splits) == (64, 32, 64, 8)
     assert p.partials_bytes == 64 * 8 * 64 * 32 * 4
-    assert p.tickets_offset == p.partials_bytes and p.workspace_bytes == p.partials_bytes + 64 * 4
+    assert p.arrival_counters == 64 and p.workspace_bytes == p.partials_bytes
     assert p.row_blocks * p.k_splits <= 132 * budget.act_quant_plan(64, 32).ctas_per_sm
     big = budget.act_quant_launch(4096, 12288, 32, num_sms=132)
     assert (big.block_rows, big.row_blocks, big.k_splits) == (64, 64, 8)
@@ -195,11 +195,11 @@ def test_act_quant_launch_small_m_splits_k_wide():
     for the whole 16-row block; ranks are bucketed; rank 0 splits K without a workspace."""
     p = budget.act_quant_launch(1, 8192, 32, num_sms=132)
     assert (p.block_rows, p.rank_cap, p.row_blocks, p.k_splits) == (16, 32, 1, 32)
-    assert p.workspace_bytes == 32 * 16 * 32 * 4 + 4
+    assert p.workspace_bytes == 32 * 16 * 32 * 4 and p.arrival_counters == 1
     p = budget.act_quant_launch(1, 8192, 48, num_sms=132)
     assert p.rank_cap == 128 and p.partials_bytes == 32 * 16 * 48 * 4  # the actual rank, not the cap
     p = budget.act_quant_launch(1, 8192, 0, num_sms=132)
-    assert (p.rank_cap, p.k_splits, p.workspace_bytes) == (0, 32, 0)
+    assert (p.rank_cap, p.k_splits, p.workspace_bytes, p.arrival_counters) == (0, 32, 0, 0)
     # Every split CTA keeps at least two chunks; short K cannot be split.
     assert budget.act_quant_launch(1, 256, 32, num_sms=132).k_splits == 1
     assert budget.act_quant_launch(1, 256, 32, num_sms=132).workspace_bytes == 0
@@ -209,13 +209,17 @@ def test_act_quant_launch_small_m_splits_k_wide():
     assert (p.block_rows, p.k_splits, p.workspace_bytes) == (64, 1, 0)
 
 
-def test_act_quant_launch_tickets_are_aligned():
-    for rows, k, rank in [(1, 4096, 16), (33, 1536, 16), (333, 3072, 128), (4096, 576 * 2, 256)]:
-        p = budget.act_quant_launch(rows, k, rank, num_sms=132)
-        if p.workspace_bytes:
-            assert p.tickets_offset % 256 == 0 and p.tickets_offset >= p.partials_bytes  # the workspace's region alignment
-            assert p.partials_bytes == p.row_blocks * p.k_splits * p.block_rows * rank * 4
-            assert p.workspace_bytes == p.tickets_offset + 4 * p.row_blocks
+def test_act_quant_launch_counters_fit_the_pool():
+    """A split uses one arrival counter per row block; at every SM count the handlers accept they fit the
+    pool (the plan header static_asserts the bound; this checks the plans themselves)."""
+    limits = budget.arrival_counter_limits()
+    for num_sms in (1, 132, limits.max_num_sms):
+        for rows, k, rank in [(1, 4096, 16), (33, 1536, 16), (333, 3072, 128), (4096, 576 * 2, 256), (8192, 8192, 32)]:
+            p = budget.act_quant_launch(rows, k, rank, num_sms=num_sms)
+            split = p.k_splits > 1
+            assert p.workspace_bytes == p.partials_bytes == (p.row_blocks * p.k_splits * p.block_rows * rank * 4 if split else 0)
+            assert p.arrival_counters == (p.row_blocks if split else 0)
+            assert p.arrival_counters <= limits.counters
 
 
 def test_table_lists_act_quant_plans():
@@ -238,7 +242,7 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
         assert p.stage_bytes == p.stage_weight_bytes + p.stage_x_bytes
         assert p.ring_bytes == p.stages * p.stage_bytes
         assert p.scale_tables_bytes == 2 * 4 * p.block_rows * 4  # 2 buffers x 4 groups x rows x (16-bit sub, scale)
-        assert p.total_bytes == p.ring_bytes + p.scale_tables_bytes + p.flag_bytes
+        assert p.total_bytes == p.ring_bytes + p.scale_tables_bytes
         assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
         assert p.fits and 4 <= p.stages <= 16
         assert p.total_bytes <= budget.SMEM_PER_BLOCK and p.per_sm_bytes <= budget.SMEM_PER_SM
@@ -252,34 +256,33 @@ def test_table_lists_w4a16_plans():
 
 
 def test_w4a16_workspace_follows_the_launch_plan():
-    """The workspace the lowering allocates is the launcher's: split-K tickets (int32 per tile) and
-    fragment-order partials (16 B per lane, m16 tile and token tile, per split), then the act-order
-    gather of X (bf16), each 256-byte aligned."""
+    """The workspace the lowering allocates is the launcher's: split-K fragment-order partials (16 B per
+    lane, m16 tile and token tile, per split), then the act-order gather of X (bf16), each 256-byte
+    aligned. The split-K arrival counters are not workspace (csrc/common/arrival_counters.h)."""
     # 1 x 28672 x 8192 on 132 SMs: 7 warps x 4 tiles = 448 rows -> 64 column tiles, 2 CTAs/SM -> 4 splits.
-    tickets = 256  # 64 x 4 B, aligned
     partials = 16 * 64 * 4 * 7 * 4 * 1 * 32
-    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=132) == tickets + partials
+    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=132) == partials
     gather = 2 * 1 * 8192
-    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=True, num_sms=132) == tickets + partials + gather
+    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=True, num_sms=132) == partials + gather
     # More SMs, more splits, more partials; shapes the kernel does not serve: -1.
-    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=264) > tickets + partials
+    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=264) > partials
     assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32
     assert budget.w4a16_workspace_bytes(0, 28672, 8192, 128, act_order=False, num_sms=132) == -1
 
 
 def test_w4a4_stream_k_workspace_follows_the_launch_plan():
     """Decode launches whose column tiles do not divide over the SMs deal (tile, k-stage) iterations over
-    the CTAs (stream-K): their workspace is one int32 flag per CTA and consumer warpgroup (256-byte
-    aligned), then one fp32 partial tile (128 columns x the token tile) per CTA. Other launches need none."""
-    # Up to 16 tokens two CTAs per SM: 264 CTAs, 2112 B of flags aligned up to 2304; 32 tokens: 132 CTAs,
-    # 1056 B aligned up to 1280.
+    the CTAs (stream-K): their workspace is one fp32 partial tile (128 columns x the token tile) per CTA
+    (the flags that publish them are arrival counters, csrc/common/arrival_counters.h). Other launches
+    need none."""
+    # Up to 16 tokens two CTAs per SM (264 CTAs); 32 tokens: 132 CTAs.
     # 1 x 28672 x 8192: 8-token tile, 224 column tiles on 264 CTAs.
-    assert budget.w4a4_workspace_bytes(1, 28672, 8192, num_sms=132) == 2304 + 264 * 128 * 8 * 4
-    assert budget.w4a4_workspace_bytes(16, 28672, 8192, num_sms=132) == 2304 + 264 * 128 * 16 * 4
+    assert budget.w4a4_workspace_bytes(1, 28672, 8192, num_sms=132) == 264 * 128 * 8 * 4
+    assert budget.w4a4_workspace_bytes(16, 28672, 8192, num_sms=132) == 264 * 128 * 16 * 4
     # 32-token tile: 224 column tiles on 132 CTAs (2 rounds where 1.7 would do).
-    assert budget.w4a4_workspace_bytes(20, 28672, 8192, num_sms=132) == 1280 + 132 * 128 * 32 * 4
+    assert budget.w4a4_workspace_bytes(20, 28672, 8192, num_sms=132) == 132 * 128 * 32 * 4
     # 64 column tiles of 8192: fewer tiles than CTAs, also dealt over all of them.
-    assert budget.w4a4_workspace_bytes(1, 8192, 8192, num_sms=132) == 2304 + 264 * 128 * 8 * 4
+    assert budget.w4a4_workspace_bytes(1, 8192, 8192, num_sms=132) == 264 * 128 * 8 * 4
     # No stream-K: tiles that divide over the CTAs, the cluster tiles (M > 32), or too little work per CTA.
     assert budget.w4a4_workspace_bytes(1, 128 * 264, 8192, num_sms=132) == 0
     assert budget.w4a4_workspace_bytes(20, 128 * 132, 8192, num_sms=132) == 0

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/arrival_counters.h"
 #include "kernels/sm90/act_quant_plan.h"
 #include "kernels/sm90/w4a16_gemm_plan.h"
 #include "kernels/sm90/w4a4_gemm_plan.h"
@@ -76,11 +77,11 @@ std::string DescribeW4a16(const W4a16Plan& p) {
   char line[384];
   std::snprintf(line, sizeof line,
                 "w4a16_gemm sm90: %d tokens per CTA, %d CTAs/SM of <= 8 warps x %d m16 tiles (%d rows): "
-                "stage %d B (weights %d + X %d) x %d stages = %d, scale table %d, ticket flag %d; "
+                "stage %d B (weights %d + X %d) x %d stages = %d, scale table %d; "
                 "total %d B/CTA, %d of %d B/SM%s\n",
                 p.block_m, p.ctas_per_sm, p.tiles_per_warp, p.block_rows, p.stage_bytes, p.stage_weight_bytes,
                 p.stage_x_bytes, p.stages,
-                p.ring_bytes, p.scale_tables_bytes, p.flag_bytes, p.total_bytes, p.per_sm_bytes,
+                p.ring_bytes, p.scale_tables_bytes, p.total_bytes, p.per_sm_bytes,
                 static_cast<int>(jax_w4a4::budget::kSmemPerSmSm90), p.fits() ? "" : "  ** DOES NOT FIT **");
   return line;
 }
@@ -159,7 +160,7 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
 
 // The w4a16 plans: JaxW4a4W4a16MTiles writes the instantiated m_tiles options and returns their count;
 // JaxW4a4W4a16Plan writes one solved plan: block_m, ctas_per_sm, tiles_per_warp, block_rows, stages,
-// stage_weight, stage_x, stage, ring, scale_tables, flag, total, per_sm, fits (14 values).
+// stage_weight, stage_x, stage, ring, scale_tables, total, per_sm, fits (13 values).
 __attribute__((visibility("default"))) int JaxW4a4W4a16MTiles(int64_t* out) {
   int n = 0;
   for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) out[n++] = m_tiles;
@@ -171,7 +172,7 @@ __attribute__((visibility("default"))) void JaxW4a4W4a16Plan(int m_tiles, int64_
   const int64_t values[] = {p.block_m,    p.ctas_per_sm,        p.tiles_per_warp, p.block_rows,
                             p.stages,     p.stage_weight_bytes,
                             p.stage_x_bytes, p.stage_bytes,     p.ring_bytes, p.scale_tables_bytes,
-                            p.flag_bytes, p.total_bytes,        p.per_sm_bytes, p.fits() ? 1 : 0};
+                            p.total_bytes,      p.per_sm_bytes, p.fits() ? 1 : 0};
   for (int64_t v : values) *out++ = v;
 }
 
@@ -184,12 +185,18 @@ __attribute__((visibility("default"))) int64_t JaxW4a4W4a16WorkspaceBytes(int64_
 }
 
 // The act_quant launch plan for num_sms SMs: block_rows, rank_cap, row_blocks, k_splits, partials,
-// tickets_offset, workspace (7 values); the FFI lowering sizes the op's workspace result with the last.
+// arrival_counters, workspace (7 values); the FFI lowering sizes the op's workspace result with the last.
 __attribute__((visibility("default"))) void JaxW4a4ActQuantLaunch(int64_t rows, int64_t k, int64_t rank, int num_sms,
                                                                   int64_t* out) {
   const jax_w4a4::sm90::ActQuantLaunch l = jax_w4a4::sm90::PlanActQuantLaunch(rows, k, rank, num_sms);
   const int64_t values[] = {l.shape.block_rows, l.shape.rank_cap, l.row_blocks,     l.k_splits,
-                            l.partials_bytes,   l.tickets_offset, l.workspace_bytes};
+                            l.partials_bytes,   l.arrival_counters, l.workspace_bytes};
+  for (int64_t v : values) *out++ = v;
+}
+
+// The arrival-counter pool of each kernel (common/arrival_counters.h): counters, the largest num_sms.
+__attribute__((visibility("default"))) void JaxW4a4ArrivalCounterLimits(int64_t* out) {
+  const int64_t values[] = {jax_w4a4::kArrivalCounters, jax_w4a4::kMaxNumSms};
   for (int64_t v : values) *out++ = v;
 }
 

@@ -1,7 +1,8 @@
 // XLA FFI handler of `jax_w4a4_act_quant` (docs/layouts.md, act_quant): decode the buffers, check
 // them against the layout contract, launch csrc/kernels/sm90/act_quant.cu on XLA's stream. The K split's
 // workspace is a fourth result that XLA allocates (the lowering sizes it with ActQuantWorkspaceBytes for
-// the `num_sms` it plans for), so the call can be captured in a CUDA graph.
+// the `num_sms` it plans for) and its arrival counters are the library's own (common/arrival_counters.h),
+// so the call needs no memset and can be captured in a CUDA graph.
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/arrival_counters.h"
 #include "common/ffi_util.h"
 #include "kernels/sm90/act_quant.h"
 
@@ -79,7 +80,9 @@ inline ffi::Error OptionalVector(std::string_view op, const ffi::AnyBuffer& buff
 // in range, then `workspace` a 16-byte aligned uint8 vector of at least `needed` bytes (sized at lowering
 // by the same plan, jax_w4a4/ops/primitives.py).
 inline ffi::Error CheckNumSms(std::string_view op, int64_t num_sms) {
-  if (num_sms < 1 || num_sms > 1024) return Invalid(op, "num_sms must be in [1, 1024], got " + std::to_string(num_sms));
+  if (num_sms < 1 || num_sms > kMaxNumSms) {
+    return Invalid(op, "num_sms must be in [1, " + std::to_string(kMaxNumSms) + "], got " + std::to_string(num_sms));
+  }
   return ffi::Error::Success();
 }
 

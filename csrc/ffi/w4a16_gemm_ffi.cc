@@ -1,7 +1,8 @@
 // XLA FFI handler of jax_w4a4_w4a16_gemm: decode the buffers, validate them against docs/layouts.md
 // (section w4a16_gemm; qweight in the prepacked layout of jax_w4a4/formats/w4a16_layout.py), launch. The
 // split-K / act-order workspace is a second result that XLA allocates (the lowering sizes it with
-// W4a16WorkspaceBytes for the `num_sms` it plans for), so the call can be captured in a CUDA graph.
+// W4a16WorkspaceBytes for the `num_sms` it plans for) and the split-K arrival counters are the library's
+// own (common/arrival_counters.h), so the call needs no memset and can be captured in a CUDA graph.
 // The math lives in csrc/kernels/sm90/w4a16_gemm.cu.
 #include <cuda_runtime.h>
 

@@ -71,6 +71,17 @@ def compiled_targets() -> list[str]:
     return [name for name in lib.JaxW4a4Targets().decode().split(",") if name]
 
 
+def armed_arrival_counters() -> int:
+    """How many of the kernels' cross-CTA arrival counters on the current CUDA device are not zero (every
+    launch must leave them at 0: csrc/common/arrival_counters.h); -1 when they cannot be read. Waits for
+    the device; a test hook."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"{LIBRARY_NAME} is not built")
+    lib.JaxW4a4ArmedArrivalCounters.restype = ctypes.c_int64
+    return int(lib.JaxW4a4ArmedArrivalCounters())
+
+
 DEFAULT_SM_COUNT = 132  # H100 SXM, H200
 
 

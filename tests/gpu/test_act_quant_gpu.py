@@ -209,6 +209,17 @@ def test_random_data_is_bit_exact(rng, act_format):
                    require_exact=True)
 
 
+def test_split_counters_are_rearmed(rng):
+    """Nothing zeroes the K split's arrival counters before a launch (csrc/common/arrival_counters.h): each
+    launch must leave them at 0. Runs split call sites on new data each time (a counter left armed would
+    leave LA unwritten), then reads every counter back."""
+    for _ in range(3):
+        for m, k in ((1, 8192), (64, 8192), (4096, 4096)):  # 32, 8 and 8 K splits
+            inputs = make_inputs(rng, (m,), k, 32, jnp.bfloat16, "int4")
+            assert_matches(run_kernel(*inputs, "int4"), run_reference(*inputs, "int4"), "int4", k)
+    assert _library.armed_arrival_counters() == 0
+
+
 def test_deterministic(rng):
     """LA partials of a K split are summed in a fixed order: two runs agree bit for bit."""
     inputs = make_inputs(rng, (64,), 8192, 32, jnp.bfloat16, "int4")  # split 8 ways along K
@@ -246,5 +257,5 @@ def test_handler_rejects_bad_shapes(rng):
         jax.block_until_ready(_raw_call(4, 128, 16, "int4", num_sms=0)(*args(4, 128, 16)))
     needed = budget.act_quant_launch(1, 8192, 32, num_sms=_library.cuda_sm_count()).workspace_bytes
     assert needed > 0
-    with pytest.raises(Exception, match="workspace"):  # a K split needs its LA partials and tickets
+    with pytest.raises(Exception, match="workspace"):  # a K split needs its LA partials
         jax.block_until_ready(_raw_call(1, 8192, 32, "int4", workspace_bytes=needed - 16)(*args(1, 8192, 32)))

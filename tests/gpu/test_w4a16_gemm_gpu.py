@@ -22,6 +22,7 @@ import pytest
 
 from jax_w4a4 import ops, reference
 from jax_w4a4.formats import w4a16, w4a16_layout
+from jax_w4a4.ops import _library
 
 pytestmark = pytest.mark.gpu
 
@@ -147,8 +148,18 @@ def test_leading_dims_and_small_split_k():
     run_and_compare(x, 4096, 4096, 64, True, BF16, False, True)
 
 
+def test_split_k_counters_are_rearmed():
+    """Nothing zeroes the split-K arrival counters before a launch (csrc/common/arrival_counters.h): each
+    launch must leave them at 0. Runs the same split-K call sites on new data each time (a counter left
+    armed would skip or misplace a tile's reduction), then reads every counter back."""
+    for seed in range(3):
+        for m, n, k in ((1, 4096, 4096), (16, 8192, 8192), (3, 576, 1536)):
+            run_and_compare(activations((m,), k, BF16, seed=seed), n, k, 64, seed % 2 == 1, BF16, False, True)
+    assert _library.armed_arrival_counters() == 0
+
+
 def test_split_k_is_deterministic():
-    n, k = 8192, 8192  # split-K with the ticketed reduction
+    n, k = 8192, 8192  # split-K with the arrival-counter reduction
     _, packed, scales, zeros, g_idx, bias = weights(n, k, 128, True, FP16, True)
     x = activations((16,), k, FP16)
     first = np.asarray(_kernel(x, packed, scales, zeros, g_idx, bias, group_size=128))

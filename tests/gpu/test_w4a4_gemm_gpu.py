@@ -25,8 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_w4a4 import ops, reference
+from jax_w4a4 import budget, ops, reference
 from jax_w4a4.formats import svdq, svdq_layout
+from jax_w4a4.ops import _library
 
 pytestmark = pytest.mark.gpu
 
@@ -138,6 +139,23 @@ def test_w4a4_gemm_sm90_matches_reference(case):
         alpha64 = np.asarray(alpha, np.float64)
         main = (ref64 - lowrank - beta) / alpha64
         assert np.linalg.norm((alpha64 - 1) * main + beta) > 10 * tol * np.linalg.norm(ref64)
+
+
+def test_stream_k_flags_are_rearmed():
+    """Nothing zeroes the stream-K flags before a launch (csrc/common/arrival_counters.h): each launch must
+    leave them at 0 (a flag left set lets a finisher add a partial before it is written). The same call
+    sites run on new data each time and match the reference; then every counter reads back 0."""
+    for seed in range(3):
+        for m in (1, 16, 20):  # the 8-, 16- and 32-token tiles, all stream-K at 8192 x 8192
+            assert budget.w4a4_workspace_bytes(m, 8192, 8192, num_sms=_library.cuda_sm_count()) > 0
+            q_x, s_x, la, qweight, wscales, lora_up, alpha, bias = _make_inputs(
+                jax.random.key(100 * seed + m), m=m, n=8192, k=8192, rank=32, dtype=BF16, act_format="int4")
+            gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format="int4"))
+            _poison_output_memory((m, 8192), BF16)
+            y = np.asarray(gemm(q_x, s_x, la, svdq_layout.prepack(qweight), wscales, lora_up, alpha, bias), np.float32)
+            ref = _cpu_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, "int4")
+            assert np.isfinite(y).all() and _relative_error(y, ref) < TOLERANCE[BF16], (seed, m)
+    assert _library.armed_arrival_counters() == 0
 
 
 @pytest.mark.parametrize("m", [333, 13])

@@ -7,8 +7,8 @@
 // lowering). A CTA owns kBlockRows rows (64 for large M, 16 for small M) and a contiguous range of
 // 128-wide K chunks. When the row blocks alone cannot fill the CTAs the GPU holds at once, the K range is
 // split over S CTAs (grid row blocks x S). With a low-rank branch each of them writes its fp32 LA partial
-// to the workspace and takes a ticket of its row block; the last one sums the S partials in split order
-// (deterministic) and writes LA. No thread-block cluster: 8-CTA clusters do not fit one wave on an H200.
+// to the workspace and arrives at its row block's counter; the last one sums the S partials in split
+// order (deterministic) and writes LA. No thread-block cluster: 8-CTA clusters do not fit one wave on an H200.
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
@@ -39,7 +39,7 @@
 //              (ldmatrix, once per k16 step for all its column pairs) and B = the L_down tile
 //              (ldmatrix.trans); accumulators stay in registers.
 //  * epilogue: LA as fp32; with a K split, partials through the workspace, summed in split order by the
-//              row block's last CTA (ticket counter, zeroed in-stream before the launch).
+//              row block's last CTA (an arrival counter of common/arrival_counters.h: no memset).
 //
 // Shared memory (ActQuantPlan, static_assert'ed: the ring fits kCtasPerSm CTAs per SM): per stage the X
 // tile (kBlockRows x 256 B, 16-byte pieces swizzled so that ldmatrix's 8 rows and the quantizer's 8
@@ -69,6 +69,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/arrival_counters.h"
 #include "common/ptx.h"
 #include "kernels/sm90/act_quant.h"
 #include "kernels/sm90/act_quant_plan.h"
@@ -158,7 +159,6 @@ struct Params {
   uint8_t* scales;
   float* la;
   float* la_partials;  // K split with rank > 0: (row block, split, kBlockRows, rank) fp32 in the workspace
-  int* tickets;        // ... and one arrival counter per row block, zeroed before the launch
   int64_t rows;
   int k;
   int rank;
@@ -735,16 +735,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
       }
     }
     if (split_k) {
-      // bar.sync orders every thread's partial before thread 0's fence and ticket (one fence per CTA,
-      // not one per thread: each waits for its own thread's stores, q and scales included).
-      __syncthreads();
-      bool last = false;
-      if (tid == 0) {
-        __threadfence();
-        last = atomicAdd(p.tickets + blockIdx.x, 1) == p.k_splits - 1;
-      }
-      if (!__syncthreads_or(last)) return;
-      __threadfence();
+      if (!ArriveLast(g_arrival_counters + blockIdx.x, p.k_splits)) return;  // one counter per row block
       // kSplitsInFlight splits at a time, all their items' loads issued together (~16 float4 loads in
       // flight), then added in split order: the tail costs ~splits x items / 16 L2 round trips. Splits
       // are powers of two, so a block is either full or the only one; a missing split adds +0.
@@ -838,7 +829,9 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   if (args.rows < 0 || args.k <= 0 || args.k % group != 0 || args.k > kMaxK) {
     return cudaErrorInvalidValue;
   }
-  if (args.rank < 0 || args.rank > kMaxRank || args.rank % 16 != 0 || args.num_sms < 1) return cudaErrorInvalidValue;
+  if (args.rank < 0 || args.rank > kMaxRank || args.rank % 16 != 0 || args.num_sms < 1 || args.num_sms > kMaxNumSms) {
+    return cudaErrorInvalidValue;
+  }
   if (args.rows == 0) return cudaSuccess;
   const ActQuantLaunch launch = PlanActQuantLaunch(args.rows, args.k, args.rank, args.num_sms);
   if (launch.row_blocks > 0x7fffffff) return cudaErrorInvalidValue;
@@ -859,9 +852,6 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   params.k_splits = launch.k_splits;
   if (launch.workspace_bytes > 0) {
     params.la_partials = static_cast<float*>(args.workspace);
-    params.tickets = reinterpret_cast<int*>(static_cast<uint8_t*>(args.workspace) + launch.tickets_offset);
-    const cudaError_t status = cudaMemsetAsync(params.tickets, 0, launch.row_blocks * sizeof(int), stream);
-    if (status != cudaSuccess) return status;
   }
   auto dispatch = [&](auto format) {
     constexpr ActFormat kFormat = decltype(format)::value;
@@ -878,5 +868,7 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   }
   return cudaErrorInvalidValue;
 }
+
+int64_t ActQuantArmedCounters() { return ArmedArrivalCounters(); }
 
 }  // namespace jax_w4a4::sm90

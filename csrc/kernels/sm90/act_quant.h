@@ -32,8 +32,12 @@ struct ActQuantArgs {
 
 // Enqueues the kernel on `stream` (no host sync, no allocation, CUDA-graph safe). Returns
 // cudaErrorInvalidValue for shapes outside the kernel's contract (k % 64 for int4/uint4, k % 128 for
-// fp8, k <= kActQuantMaxK, rank % 16 == 0 and <= 256, num_sms >= 1) or a workspace smaller than
-// ActQuantWorkspaceBytes, otherwise the launch status.
+// fp8, k <= kActQuantMaxK, rank % 16 == 0 and <= 256, num_sms in [1, kMaxNumSms]) or a workspace
+// smaller than ActQuantWorkspaceBytes, otherwise the launch status.
 cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream);
+
+// The nonzero counters of this kernel's arrival-counter pool (common/arrival_counters.h: every launch
+// must leave them at 0), or -1 when unreadable. Synchronizes the current device; for tests.
+int64_t ActQuantArmedCounters();
 
 }  // namespace jax_w4a4::sm90

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "common/arrival_counters.h"
 #include "common/smem_budget.h"
 
 namespace jax_w4a4::sm90 {
@@ -103,8 +104,9 @@ inline constexpr ActQuantShape kActQuantShapes[] = {
 // ---- launch plan ----------------------------------------------------------------------------------
 //
 // K split: the split CTAs of a row block quantize disjoint chunks and, with a low-rank branch, leave
-// fp32 LA partials in the workspace; the last of them to finish (a ticket per row block, zeroed before
-// the launch) sums them in split order, so LA does not depend on the arrival order. No thread-block
+// fp32 LA partials in the workspace; the last of them to finish (an arrival counter per row block,
+// common/arrival_counters.h) sums them in split order, so LA does not depend on the
+// arrival order. No thread-block
 // cluster: clusters are placed whole inside a GPC, and on a 132-SM H200 64 clusters of 8 CTAs at 4 CTAs
 // per SM do not fit in one wave (benchmarks/NOTES.md, session 7: the cluster version had to halve its
 // split and ran 2 warps per scheduler instead of 4).
@@ -117,9 +119,9 @@ struct ActQuantLaunch {
   ActQuantShape shape;
   int64_t row_blocks;
   int k_splits;
-  int64_t partials_bytes;   // workspace: row_blocks x k_splits x block_rows x rank fp32 LA partials
-  int64_t tickets_offset;   // workspace: one int per row block, after the partials (budget::kWorkspaceAlign)
-  int64_t workspace_bytes;  // 0 when nothing is reduced across CTAs (no split, or rank 0)
+  int64_t partials_bytes;    // workspace: row_blocks x k_splits x block_rows x rank fp32 LA partials
+  int64_t arrival_counters;  // one per row block when partials are summed (<= kArrivalCounters), else 0
+  int64_t workspace_bytes;   // the partials: 0 when nothing is reduced across CTAs (no split, or rank 0)
 };
 
 // The largest split worth taking (a power of two) for num_chunks chunks of K.
@@ -150,11 +152,21 @@ constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t ran
   while (launch.k_splits < split_cap && launch.row_blocks * launch.k_splits < target) launch.k_splits *= 2;
   if (launch.k_splits > 1 && rank > 0) {
     launch.partials_bytes = launch.row_blocks * launch.k_splits * launch.shape.block_rows * rank * 4;
-    launch.tickets_offset = budget::AlignUp(launch.partials_bytes, budget::kWorkspaceAlign);
-    launch.workspace_bytes = launch.tickets_offset + launch.row_blocks * 4;
+    launch.arrival_counters = launch.row_blocks;
+    launch.workspace_bytes = launch.partials_bytes;
   }
   return launch;
 }
+
+// A split needs row_blocks < the resident CTAs (the split doubles while the grid is below them), so the
+// arrival counters fit the pool for every num_sms the handlers accept.
+constexpr bool ActQuantCountersFitSlot() {
+  for (const ActQuantShape& s : kActQuantShapes) {
+    if (ActQuantResidentCtas(s, kMaxNumSms) > kArrivalCounters) return false;
+  }
+  return true;
+}
+static_assert(ActQuantCountersFitSlot(), "act_quant's arrival counters must fit the pool");
 
 // Workspace of one launch planned for num_sms SMs (the FFI lowering sizes the op's workspace result with it).
 constexpr int64_t ActQuantWorkspaceBytes(int64_t rows, int64_t k, int64_t rank, int num_sms) {

@@ -25,8 +25,8 @@
 // accumulators fill the registers) and a K range (split-K over `splits` CTAs), chosen on the host so
 // one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). Tokens beyond
 // 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to the workspace in MMA
-// fragment order; the last CTA of a tile to arrive (ticket counter, zeroed in-stream by a memset) sums
-// them in split order — deterministic, no host sync, CUDA-graph safe.
+// fragment order; the last CTA of a tile to arrive (an arrival counter of common/arrival_counters.h, which
+// re-arms itself: no memset) sums them in split order — deterministic, no host sync, CUDA-graph safe.
 //
 // Pipelines (every thread takes every role, one __syncthreads per stage):
 //  * main ring, kStages deep, one stage = one 64-wide K atom (kStages - 1 atoms in flight while one is
@@ -40,7 +40,7 @@
 //    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), ldmatrix for X, mma.sync (raw codes:
 //    plus one column-sum MMA per token tile and two k16 steps), promotion at group ends.
 //  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials of the lanes that hold a token
-//    < M, ticket, ordered reduction).
+//    < M, arrival counter, ordered reduction).
 // Act-order: the weights are stored in argsort(g_idx) order; LaunchGemm first gathers X's columns in
 // that order (a small kernel, into the workspace) and checks g_idx against the stored permutation: a mismatch
 // turns the affected columns into NaN, so a wrong g_idx can never give a plausible wrong answer.
@@ -48,7 +48,7 @@
 // Shared memory per CTA (W4a16Plan in w4a16_gemm_plan.h, static_assert'ed against the SM's 228 KB
 // shared by CtasPerSm CTAs, less the driver's 1 KB per CTA; python -m jax_w4a4.budget prints it):
 //   kStages x (weights of one atom + M_tile x 144 B of X) + scale table (4 B per row and group of a
-//   4-group period, double-buffered) + 16 B ticket flag
+//   4-group period, double-buffered)
 //   = 104.1 KB (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 113.2 KB (16: 8 warps x 2 tiles,
 //     10 stages, 2 CTAs/SM), 213.0 KB (32: 16 stages, 1 CTA/SM), 217.1 KB (64: 12 stages, 1 CTA/SM).
 //
@@ -65,6 +65,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/arrival_counters.h"
 #include "common/ptx.h"
 #include "kernels/sm90/w4a16_gemm.h"
 #include "kernels/sm90/w4a16_gemm_plan.h"
@@ -96,8 +97,7 @@ struct Config {
   static constexpr int kWeightRingOffset = 0;
   static constexpr int kXRingOffset = kWeightRingOffset + kStages * kStageWeightBytes;
   static constexpr int kTableOffset = kXRingOffset + kStages * kStageXBytes;
-  static constexpr int kFlagOffset = kTableOffset + kPlan.scale_tables_bytes;
-  static constexpr int kSmemBytes = kFlagOffset + kFlagBytes;
+  static constexpr int kSmemBytes = kTableOffset + kPlan.scale_tables_bytes;
 
   static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kGroupsPerPeriod % 2 == 0, "32-wide groups come in pairs per atom");
@@ -118,7 +118,6 @@ struct KernelParams {
   const void* bias;          // (n,) or nullptr
   void* y;                   // (m, n)
   float4* partials;          // split-K partials in the workspace, or nullptr
-  int* tickets;              // split-K arrival counters (zeroed before the launch), or nullptr
   const int32_t* act_order_flag;  // prepacked tail flag to check (no g_idx given), or nullptr
   int m, n, k;
   int group_shift;           // log2(group_size), or kPerChannelShift: groups are powers of two or all of K
@@ -568,15 +567,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
         }
       }
     }
-    __threadfence();
-    __syncthreads();
-    int* last_flag = reinterpret_cast<int*>(smem + Cfg::kFlagOffset);
-    if (tid == 0) {
-      *last_flag = atomicAdd(p.tickets + m_block * p.n_tiles + tile, 1) == p.splits - 1;
-    }
-    __syncthreads();
-    if (!*last_flag) return;
-    __threadfence();
+    if (!ArriveLast(g_arrival_counters + m_block * p.n_tiles + tile, p.splits)) return;  // one per tile
     // Split-major, every fragment's load of a split issued together and ~16 float4 loads in flight: the
     // sum costs ~splits x fragments / 16 L2 round trips instead of one per split and fragment.
     constexpr int kSplitsInFlight = std::max(1, 16 / (kTiles * kMTiles));
@@ -697,13 +688,7 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
     params.act_order_flag = tail + args.k;  // weights stored permuted but no g_idx given: NaN out
   }
   if (plan.splits > 1) {
-    params.tickets = reinterpret_cast<int*>(base + ws.tickets);
     params.partials = reinterpret_cast<float4*>(base + ws.partials);
-    if (cudaError_t status =
-            cudaMemsetAsync(params.tickets, 0, sizeof(int) * plan.m_blocks * plan.n_tiles, stream);
-        status != cudaSuccess) {
-      return status;
-    }
   }
   params.qweight = reinterpret_cast<const uint8_t*>(args.qweight);
   params.scales = args.scales;
@@ -732,7 +717,9 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
 cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, size_t workspace_bytes, int num_sms,
                        cudaStream_t stream) {
   const W4a16Problem problem = ProblemOf(args);
-  if (!W4a16ShapeSupported(problem) || num_sms < 1) return cudaErrorInvalidValue;
+  if (!W4a16ShapeSupported(problem) || num_sms < 1 || num_sms > kMaxNumSms) {
+    return cudaErrorInvalidValue;
+  }
   const W4a16Launch plan = PlanW4a16Launch(problem, num_sms);
   const W4a16Workspace ws = LayOutW4a16Workspace(problem, plan);
   if (ws.total > 0 && (workspace == nullptr || static_cast<int64_t>(workspace_bytes) < ws.total)) {
@@ -741,5 +728,7 @@ cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, size_t workspace_b
   return args.dtype == Dtype::kFp16 ? LaunchForDtype<__half>(args, plan, ws, workspace, stream)
                                     : LaunchForDtype<__nv_bfloat16>(args, plan, ws, workspace, stream);
 }
+
+int64_t W4a16ArmedCounters() { return ArmedArrivalCounters(); }
 
 }  // namespace jax_w4a4::sm90::w4a16

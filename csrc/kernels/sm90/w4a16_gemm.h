@@ -35,9 +35,13 @@ inline W4a16Problem ProblemOf(const GemmArgs& args) {
 
 // Enqueues the work on `stream`: no host sync, no allocation, CUDA-graph safe. The launch is planned
 // for `num_sms` SMs (PlanW4a16Launch); `workspace` holds at least W4a16WorkspaceBytes(ProblemOf(args),
-// num_sms) bytes (uninitialised; zeroed in-stream where needed). Returns cudaErrorInvalidValue for
-// shapes outside W4a16ShapeSupported or a too small workspace, otherwise the launch status.
+// num_sms) bytes (uninitialised; nothing in it needs zeroing). Returns cudaErrorInvalidValue for shapes
+// outside W4a16ShapeSupported, num_sms outside [1, kMaxNumSms] or a too small workspace, otherwise the launch status.
 cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, size_t workspace_bytes, int num_sms,
                        cudaStream_t stream);
+
+// The nonzero counters of this kernel's arrival-counter pool (common/arrival_counters.h: every launch
+// must leave them at 0), or -1 when unreadable. Synchronizes the current device; for tests.
+int64_t W4a16ArmedCounters();
 
 }  // namespace jax_w4a4::sm90::w4a16

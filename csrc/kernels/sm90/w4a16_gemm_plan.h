@@ -7,7 +7,7 @@
 // A CTA owns up to 8 warps x tiles_per_warp m16 tiles of W and 8 x m_tiles tokens; one ring stage is one
 // 64-wide K atom: 512 B of prepacked weights per m16 tile plus the X tile (rows padded to 144 B for
 // ldmatrix). Fixed objects: the double-buffered scale table (dequantization subtrahend and scale of
-// 4 groups of every row, 4 bytes each) and the split-K ticket flag. Up to 8 tokens a warp owns 4 m16 tiles
+// 4 groups of every row, 4 bytes each). Up to 8 tokens a warp owns 4 m16 tiles
 // (the X fragments, the loop and the barrier serve twice the weights: measured −9% at 1 x 28672 x 8192);
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/arrival_counters.h"
 #include "common/smem_budget.h"
 
 namespace jax_w4a4::sm90::w4a16 {
@@ -30,7 +31,6 @@ inline constexpr int kMaxWarps = 8;
 inline constexpr int kXRowPitch = kAtomCols * 2 + 16;    // 144 B: 8 rows at one column hit 8 bank quads
 inline constexpr int kGroupsPerPeriod = 4;               // even: a 64-wide atom never straddles two periods
 inline constexpr int kTableEntryBytes = 4;               // 16-bit dequantization subtrahend, 16-bit scale
-inline constexpr int kFlagBytes = 16;
 inline constexpr int kMinStages = 4;                     // the ring must hide HBM latency
 inline constexpr int kMaxStages = 16;
 inline constexpr int kMTileOptions[] = {1, 2, 4, 8};     // n8 token tiles per CTA the kernel instantiates
@@ -53,7 +53,6 @@ struct W4a16Plan {
   int stage_bytes;
   int ring_bytes;
   int scale_tables_bytes;
-  int flag_bytes;
   int total_bytes;      // dynamic shared memory per CTA
   int per_sm_bytes;     // ctas_per_sm x (total + the driver's reservation)
 
@@ -74,12 +73,11 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles) {
   p.stage_x_bytes = p.block_m * kXRowPitch;
   p.stage_bytes = p.stage_weight_bytes + p.stage_x_bytes;
   p.scale_tables_bytes = 2 * kGroupsPerPeriod * p.block_rows * kTableEntryBytes;  // double-buffered
-  p.flag_bytes = kFlagBytes;
   const int per_cta = static_cast<int>(budget::kSmemPerSmSm90 / p.ctas_per_sm - budget::kSmemReservedPerCtaSm90);
-  const int fit = (per_cta - p.scale_tables_bytes - p.flag_bytes) / p.stage_bytes;
+  const int fit = (per_cta - p.scale_tables_bytes) / p.stage_bytes;
   p.stages = fit < kMaxStages ? fit : kMaxStages;
   p.ring_bytes = p.stages * p.stage_bytes;
-  p.total_bytes = p.ring_bytes + p.scale_tables_bytes + p.flag_bytes;
+  p.total_bytes = p.ring_bytes + p.scale_tables_bytes;
   p.per_sm_bytes = p.ctas_per_sm * (p.total_bytes + budget::kSmemReservedPerCtaSm90);
   return p;
 }
@@ -106,7 +104,7 @@ struct W4a16Launch {
 };
 
 struct W4a16Workspace {
-  int64_t tickets, partials, x_perm, total;  // byte offsets and total size
+  int64_t partials, x_perm, total;  // byte offsets and total size
 };
 
 // What the kernel serves (w4a16_layout.check_shape on the Python side): N % 32, K % 64, group size
@@ -154,14 +152,13 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   return plan;
 }
 
-// Split-K ticket counters and fragment-order partials, then the act-order gather of X (bf16/fp16).
+// Split-K fragment-order partials, then the act-order gather of X (bf16/fp16). The split-K arrival
+// counters (one per tile) are common/arrival_counters.h's, not workspace.
 constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16Launch& plan) {
   const auto align = [](int64_t bytes) { return budget::AlignUp(bytes, budget::kWorkspaceAlign); };
   W4a16Workspace ws{};
   int64_t offset = 0;
   if (plan.splits > 1) {
-    ws.tickets = offset;
-    offset += align(int64_t{4} * plan.m_blocks * plan.n_tiles);
     ws.partials = offset;
     offset += align(kPartialBytes * plan.m_blocks * plan.n_tiles * plan.splits * plan.warps *
                     TilesPerWarp(plan.m_tiles) * plan.m_tiles * 32);
@@ -173,6 +170,16 @@ constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16
   ws.total = offset;
   return ws;
 }
+
+// A split (splits >= 2) needs tiles <= slots / 2 (splits = slots / tiles), so the arrival counters, one
+// per tile, fit the pool for every num_sms the handlers accept.
+constexpr bool W4a16CountersFitSlot() {
+  for (int m_tiles : kMTileOptions) {
+    if (int64_t{kMaxNumSms} * CtasPerSm(m_tiles) / 2 > kArrivalCounters) return false;
+  }
+  return true;
+}
+static_assert(W4a16CountersFitSlot(), "w4a16's arrival counters must fit the pool");
 
 // Workspace bytes for `p` planned for `num_sms` SMs, or -1 when the kernel does not serve the shape.
 constexpr int64_t W4a16WorkspaceBytes(const W4a16Problem& p, int num_sms) {

@@ -29,8 +29,9 @@
 // finishes it (low-rank, α/β, epilogue: only these segments have low-rank items); a segment that starts
 // inside a tile (only the first of a range) stores its fp32 accumulators in its CTA's workspace slot and
 // sets a flag (st.release.gpu); the finisher waits for the flags of the later CTAs of its tile
-// (ld.acquire.gpu) and adds their slots in CTA order, so the result is deterministic. Those CTAs run that
-// segment first and never wait, so every wait ends (all CTAs are resident: the grid is the occupancy).
+// (ld.acquire.gpu), sets them back to 0 (common/arrival_counters.h: the flags are the library's own
+// counters, which every launch leaves zeroed, so there is no memset) and adds their slots in CTA order, so the result is deterministic. Those CTAs run that segment first and never wait, so every
+// wait ends (all CTAs are resident: the grid is the occupancy).
 //
 // Warp roles (384 threads = 3 warpgroups; setmaxnreg moves registers to the MMA warps):
 //   warpgroup 0, producers, setmaxnreg.dec 40:
@@ -170,6 +171,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/arrival_counters.h"
 #include "common/ptx.h"
 #include "kernels/sm90/w4a4_gemm.h"
 #include "kernels/sm90/w4a4_gemm_plan.h"
@@ -397,7 +399,6 @@ struct KernelParams {
   // the grid; 0 runs whole tiles in rounds.
   int iterations;    // iterations x gridDim.x < 2^31 (W4A4UsesStreamK)
   float4* partials;  // per CTA and consumer warpgroup: the fp32 partial of the CTA's leading segment
-  uint32_t* flags;   // per CTA and consumer warpgroup: 1 once that partial is written (zeroed before launch)
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -1382,14 +1383,16 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       }
       __threadfence();
       NamedBarrierSync(1 + wg, kConsumerThreads);
-      if (tid == 0) StoreRelease(p.flags + 2 * blockIdx.x + wg, 1u);
+      if (tid == 0) StoreRelease(g_arrival_counters + 2 * blockIdx.x + wg, 1u);
       continue;
     }
     if (C::kStreamK && seg.ks_end < p.k_stages) {
       const int last_cta = OwnerOfIteration(p, (seg.ct + 1) * p.k_stages - 1);
       if (tid == 0) {
         for (int cta = blockIdx.x + 1; cta <= last_cta; ++cta) {
-          while (LoadAcquire(p.flags + 2 * cta + wg) == 0) __nanosleep(64);
+          uint32_t* const flag = g_arrival_counters + 2 * cta + wg;
+          while (LoadAcquire(flag) == 0) __nanosleep(64);
+          *flag = 0;  // re-armed for the next launch: no other CTA of this one reads or sets it again
         }
       }
       NamedBarrierSync(1 + wg, kConsumerThreads);
@@ -1701,13 +1704,9 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
     // segments wait for partials of other CTAs).
     const int ctas = std::min(resident_clusters, args.num_sms * C::kCtasPerSm);
     if (W4A4UsesStreamK(m, n, k, ctas) && args.workspace_bytes >= W4A4StreamKWorkspaceBytes(C::kTileM, ctas)) {
-      uint8_t* workspace = static_cast<uint8_t*>(args.workspace);
-      p.flags = reinterpret_cast<uint32_t*>(workspace);
-      p.partials = reinterpret_cast<float4*>(workspace + W4A4StreamKFlagBytes(ctas));
+      p.partials = static_cast<float4*>(args.workspace);
       p.iterations = p.cluster_tiles * p.k_stages;
       clusters = ctas;
-      const cudaError_t status = cudaMemsetAsync(p.flags, 0, W4A4StreamKFlagBytes(ctas), stream);
-      if (status != cudaSuccess) return status;
     }
   }
   config.gridDim = dim3(clusters * C::kCluster);
@@ -1750,7 +1749,10 @@ const char* CheckW4A4GemmSm90Shape(int64_t m, int64_t n, int64_t k, int64_t rank
 }
 
 cudaError_t LaunchW4A4GemmSm90(const W4A4GemmSm90Args& args, cudaStream_t stream) {
-  if (CheckW4A4GemmSm90Shape(args.m, args.n, args.k, args.rank) != nullptr) return cudaErrorInvalidValue;
+  if (CheckW4A4GemmSm90Shape(args.m, args.n, args.k, args.rank) != nullptr || args.num_sms < 1 ||
+      args.num_sms > kMaxNumSms) {
+    return cudaErrorInvalidValue;
+  }
   if (args.m == 0) return cudaSuccess;
   const bool rank_ok = args.rank == 0 || (Aligned16(args.la) && Aligned16(args.lora_up));
   if (!Aligned16(args.q_x) || !Aligned16(args.qweight) || !Aligned16(args.y) || !rank_ok ||
@@ -1765,5 +1767,7 @@ cudaError_t LaunchW4A4GemmSm90(const W4A4GemmSm90Args& args, cudaStream_t stream
   }
   return fp8 ? LaunchForTokens<__half, true>(args, stream) : LaunchForTokens<__half, false>(args, stream);
 }
+
+int64_t W4A4GemmArmedCounters() { return ArmedArrivalCounters(); }
 
 }  // namespace jax_w4a4::sm90

@@ -40,11 +40,14 @@ struct W4A4GemmSm90Args {
 // 0 <= m < 2^31 (m == 0 launches nothing). Returns nullptr when served, else the violated rule.
 const char* CheckW4A4GemmSm90Shape(int64_t m, int64_t n, int64_t k, int64_t rank);
 
-// Enqueues the kernel on `stream` (with stream-K, after a memset of the workspace's flags): no host sync,
-// no allocation, CUDA-graph safe (the TMA descriptors are encoded on the host for every call and passed
-// as kernel parameters). Returns
-// cudaErrorInvalidValue for a shape outside CheckW4A4GemmSm90Shape or a pointer that is not 16-byte
-// aligned, otherwise the launch status.
+// Enqueues the kernel on `stream`: no host sync, no allocation, no memset, CUDA-graph safe (the TMA
+// descriptors are encoded on the host for every call and passed as kernel parameters). Returns
+// cudaErrorInvalidValue for a shape outside CheckW4A4GemmSm90Shape, a pointer that is not 16-byte
+// aligned, or num_sms outside [1, kMaxNumSms], otherwise the launch status.
 cudaError_t LaunchW4A4GemmSm90(const W4A4GemmSm90Args& args, cudaStream_t stream);
+
+// The nonzero counters of this kernel's arrival-counter pool (common/arrival_counters.h: every launch
+// must leave them at 0), or -1 when unreadable. Synchronizes the current device; for tests.
+int64_t W4A4GemmArmedCounters();
 
 }  // namespace jax_w4a4::sm90

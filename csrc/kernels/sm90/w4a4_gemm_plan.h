@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "common/arrival_counters.h"
 #include "common/smem_budget.h"
 
 namespace jax_w4a4::sm90 {
@@ -178,7 +179,8 @@ constexpr int W4A4ShapeIndexForTokens(int64_t m) {
 // idle) the (tile, k-stage) iterations are instead dealt evenly: CTA b runs [b T / G, (b + 1) T / G).
 // A tile cut by a range boundary is finished (low-rank, epilogue) by the CTA that runs its first
 // k-stage; the CTAs that run its later k-stages do so first in their ranges and leave fp32 partials in
-// the workspace, one slot per CTA and consumer warpgroup, each published by a flag.
+// the workspace, one slot per CTA and consumer warpgroup, each published by a flag (2 per CTA,
+// common/arrival_counters.h).
 inline constexpr int kW4A4StreamKMinStagesPerCta = 4;  // below this the per-CTA fixed costs dominate
 
 constexpr bool W4A4UsesStreamK(int64_t m, int64_t n, int64_t k, int64_t ctas) {
@@ -190,14 +192,19 @@ constexpr bool W4A4UsesStreamK(int64_t m, int64_t n, int64_t k, int64_t ctas) {
          iterations * ctas < (int64_t{1} << 31);  // the kernel's range arithmetic is 32-bit
 }
 
-// Stream-K workspace for `ctas` CTAs of token tile `tile_m`: the flags (zeroed before each launch), then
-// one fp32 partial tile per CTA.
-constexpr int64_t W4A4StreamKFlagBytes(int64_t ctas) {
-  return budget::AlignUp(ctas * 2 * 4, budget::kWorkspaceAlign);
-}
+// Stream-K workspace for `ctas` CTAs of token tile `tile_m`: one fp32 partial tile per CTA.
 constexpr int64_t W4A4StreamKWorkspaceBytes(int tile_m, int64_t ctas) {
-  return W4A4StreamKFlagBytes(ctas) + ctas * int64_t{kW4A4Shapes[0].tile_n} * tile_m * 4;
+  return ctas * int64_t{kW4A4Shapes[0].tile_n} * tile_m * 4;
 }
+
+// The flags of every CTA the GPU holds at once fit the pool for every num_sms the handlers accept.
+constexpr bool W4A4FlagsFitSlot() {
+  for (const W4A4Shape& s : kW4A4Shapes) {
+    if (2 * int64_t{kMaxNumSms} * W4A4CtasPerSm(s) > kArrivalCounters) return false;
+  }
+  return true;
+}
+static_assert(W4A4FlagsFitSlot(), "w4a4's stream-K flags must fit the pool");
 
 // Workspace bytes of one launch planned for num_sms SMs (0 without stream-K), for the instance's CTAs per
 // SM: the FFI lowering sizes the op's workspace result with it (jax_w4a4/ops/primitives.py).

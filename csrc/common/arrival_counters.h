@@ -1,0 +1,68 @@
+// Arrival counters that re-arm themselves, so a launch needs no memset before it.
+//
+// The split-K reductions (act_quant's LA partials, w4a16's fragment partials) and W4A4's stream-K flags
+// count CTAs arriving at a shared result. Zeroing such counters in the XLA workspace took a
+// cudaMemsetAsync before every launch, which cost ~2.4 µs of GPU time per call in a chain of decode
+// GEMMs (benchmarks/NOTES.md, session 8): 5% of a 45 µs layer. Instead the counters live in device memory
+// the library owns (one pool per kernel file: a `static` variable of this header), zero when the module
+// loads, and every launch leaves the counters it used at 0 again before it exits (the CTA that sees the
+// last arrival re-arms its counter). The next launch of the kernel in the stream starts after this one
+// has finished, so it always finds zeros.
+//
+// The price: two launches of one kernel must not run at the same time on one device, as they would
+// share counters. XLA runs a device's custom calls one after another on its compute stream, also inside
+// command buffers with the default scheduling (LHS); W4A4's stream-K needs that anyway (its finishing
+// CTAs wait for others, which must all be resident). docs/layouts.md, "Arrival counters".
+#pragma once
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+
+#include <vector>
+#endif
+
+namespace jax_w4a4 {
+
+// The largest SM count a launch may be planned for (the handlers reject larger `num_sms` attributes).
+inline constexpr int kMaxNumSms = 1024;
+// Counters per kernel: the most one launch planned for kMaxNumSms SMs may use (each plan header
+// static_asserts its bound; W4A4 stream-K takes the most: 2 per resident CTA at 2 CTAs per SM).
+inline constexpr int64_t kArrivalCounters = 4096;
+
+#ifdef __CUDACC__
+static __device__ uint32_t g_arrival_counters[kArrivalCounters];
+
+// Called by every thread of the CTA after its share of a result is stored: true in every thread of the
+// CTA that arrives last of `arrivals` at `counter` (and then sees every other CTA's stores). That CTA
+// re-arms the counter; no other CTA of the launch touches it again.
+__device__ __forceinline__ bool ArriveLast(uint32_t* counter, uint32_t arrivals) {
+  // bar.sync orders every thread's stores before thread 0's fence (one fence per CTA, not one per thread).
+  __syncthreads();
+  bool last = false;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(counter, 1u) == arrivals - 1;
+    if (last) atomicExch(counter, 0u);
+  }
+  if (!__syncthreads_or(last)) return false;
+  __threadfence();
+  return true;
+}
+
+// Host check of the invariant (for tests; synchronizes the current device): how many counters of this
+// file's pool are not zero, or -1 when the pool cannot be read.
+static int64_t ArmedArrivalCounters() {
+  std::vector<uint32_t> words(kArrivalCounters);
+  if (cudaMemcpyFromSymbol(words.data(), g_arrival_counters, words.size() * sizeof(uint32_t)) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  int64_t armed = 0;
+  for (uint32_t w : words) armed += w != 0;
+  return armed;
+}
+#endif
+
+}  // namespace jax_w4a4
