@@ -112,12 +112,13 @@ def test_offset_correction_operand_only_in_decode_tiles(tile_m, cluster, decode)
 
 
 @pytest.mark.parametrize(
-    "tile_m,cluster,pitch", [(8, 1, 4), (16, 1, 4), (32, 1, 4), (64, 2, 16), (128, 2, 16)]
+    "tile_m,cluster,pitch", [(8, 1, 4), (16, 1, 4), (32, 1, 16), (64, 2, 16), (128, 2, 16)]
 )
-def test_activation_scale_rows_are_wgmma_rows_in_prefill_tiles(tile_m, cluster, pitch):
-    """Prefill tiles form the scale products on the tensor cores: the activation-scale buffer is the B operand
-    of a K-major wgmma without swizzle, so each token owns a 16-byte row (its 4-byte scale word, then zeros);
-    decode tiles keep 4 bytes per token. Each CTA holds the whole tile's rows, a multicast object's footprint."""
+def test_activation_scale_rows_are_wgmma_rows_from_32_tokens(tile_m, cluster, pitch):
+    """Tiles of 32 tokens and more form the scale products on the tensor cores: the activation-scale buffer is
+    the B operand of a K-major wgmma without swizzle, so each token owns a 16-byte row (its 4-byte scale word,
+    then zeros); the 8- and 16-token tiles keep 4 bytes per token. Each CTA holds the whole tile's rows, a
+    multicast object's footprint."""
     scales = budget.w4a4_plan(128, tile_m, cluster).object("activation scales")
     assert scales.bytes == tile_m * pitch
     assert scales.footprint == scales.stages * max(scales.bytes, 128)

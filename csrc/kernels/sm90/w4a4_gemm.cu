@@ -73,8 +73,8 @@
 //   every wgmma (C7514: accumulators of a wgmma in flight across the back edge are read). 128 tokens run
 //   as 2 slices of n64 (acc 64 + 2 x 32 partial registers) instead of n128 (64 + 2 x 64: too many for
 //   232 registers).
-// Scale products (W4A4ScaleProductMma: the 64- and 128-token tiles with 16-bit activation scales): after a
-//   unit's two k32 wgmmas, one wgmma m64n64k16 bf16/fp16 forms s_w[n]·s_x[m] for the whole unit on the tensor
+// Scale products (W4A4ScaleProductMma: the 32-, 64- and 128-token tiles with 16-bit activation scales): after a
+//   unit's two k32 wgmmas, one wgmma m64nNk16 bf16/fp16 forms s_w[n]·s_x[m] for the whole unit on the tensor
 //   cores (A from registers: the thread's two weight-scale words masked to group gi's half, at k = gi, in the
 //   lanes that hold k = 0, 1; B = the stage's activation-scale buffer, a 16-byte row per token whose first
 //   4 bytes are the cp.async'ed scale word and whose rest was zeroed at kernel start; 16-bit products are
@@ -703,6 +703,27 @@ struct Wgmma<32> {
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "l"(desc_a), "l"(desc_b));
   }
+  // D[64 x N] = A[64 x 16] (16-bit, registers) * B[16 x N] (16-bit, shared memory, K-major): the scale products.
+  template <bool kBf16>
+  static __device__ __forceinline__ void Half(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
+    if constexpr (kBf16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+    }
+  }
   template <bool kBf16>
   static __device__ __forceinline__ void Half(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
     if constexpr (kBf16) {
@@ -1183,8 +1204,8 @@ __device__ __forceinline__ void PromoteScaled(float (&acc)[kN / 2], const float 
   for (int i = 0; i < kN / 2; ++i) acc[i] = fmaf(part[i], scale_products[i], acc[i]);
 }
 
-// Whether an instance promotes with the scale wgmma: a prefill tile with 16-bit activation scales (fp8
-// activations carry one fp32 scale per 128 k, which a 16-bit product cannot hold exactly).
+// Whether an instance promotes with the scale wgmma: a tile of 32 tokens or more with 16-bit activation scales
+// (fp8 activations carry one fp32 scale per 128 k, which a 16-bit product cannot hold exactly).
 template <class C, bool kFp8Act>
 inline constexpr bool kUsesScaleProducts = C::kScaleProductTile && !kFp8Act;
 
@@ -1220,7 +1241,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   float part[kPartSets][kSliceN / 2];
   // The scale-product path (W4A4ScaleProductMma, 16-bit activation scales): s_w[n]·s_x[m] per unit from a wgmma.
   constexpr bool kScaleMma = kUsesScaleProducts<C, kFp8Act>;
-  static_assert(!kScaleMma || kSliceN == 64, "the scale wgmma is instantiated for n64 slices");
+  static_assert(!kScaleMma || kSliceN >= 32, "the scale wgmma is instantiated for n32 and n64 slices");
   [[maybe_unused]] float scale_products[kSliceN / 2];
   PipeState<C::kStages> state;
   PipeState<C::kLoraStages> lora_state;

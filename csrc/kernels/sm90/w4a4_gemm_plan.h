@@ -41,13 +41,15 @@ inline constexpr int kW4A4MinMainStages = 3;    // below this the MMA waits on T
 constexpr bool W4A4OffsetWeights(const W4A4Shape& s) { return s.tile_m <= 32; }
 inline constexpr int kW4A4CorrectionBytes = 64 * 32;
 
-// Prefill tiles (64, 128 tokens) with 16-bit activation scales form the per-group scale products s_w[n]·s_x[m]
+// Tiles of 32 tokens and more with 16-bit activation scales form the per-group scale products s_w[n]·s_x[m]
 // on the tensor cores: one wgmma m64nNk16 bf16/fp16 per unit (A = the two weight-group scales in registers,
 // B = the activation scales in shared memory; products of 16-bit values are exact in fp32), so a promotion
 // is one FFMA per accumulator instead of FMUL + FFMA and the scales are neither loaded nor decoded by the
 // consumers. The B operand is K-major without swizzle: a 16-byte row per token, its 4-byte scale word
-// (k = 0, 1) first; the other 12 bytes stay zero. Smaller tiles keep 4 bytes per token.
-constexpr bool W4A4ScaleProductMma(const W4A4Shape& s) { return s.tile_m >= 64; }
+// (k = 0, 1) first; the other 12 bytes stay zero. Smaller tiles keep 4 bytes per token: at 16 tokens the
+// extra wgmma per unit cost more than it saved (session 8: 16 x 28672 x 8192 48.0 -> 50.9 us; 32 tokens
+// 62.0 -> 59.6 us).
+constexpr bool W4A4ScaleProductMma(const W4A4Shape& s) { return s.tile_m >= 32; }
 constexpr int W4A4ActScalePitch(const W4A4Shape& s) { return W4A4ScaleProductMma(s) ? 16 : 4; }
 
 // CTAs per SM an instance is built for (__launch_bounds__, registers, shared memory). Decode tiles up to
