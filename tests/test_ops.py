@@ -168,10 +168,12 @@ def test_cuda_lowering_golden_or_not_implemented(rng, op):
 def test_w4a16_lowering_adds_an_xla_allocated_workspace(rng):
     """w4a16's split-K / act-order scratch is a second FFI result of the size the launch plan needs (so
     the call can be captured in a CUDA graph); the primitive still returns only y."""
-    x, qw, s, z = _w4a16_operands(rng)
-    n, k = s.shape[0], x.shape[-1]
+    n, k = 256, 2048  # 32 atoms of K: a split CTA keeps >= 4 (kMinAtomsPerSplit in w4a16_gemm_plan.h)
+    q = w4a16.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32), group_size=64, zero_point=True,
+                       scale_dtype=BF16)
+    qw, s, z = w4a16_layout.prepack(q.qweight), q.scales, q.zeros
     for m in (4, 64):
-        xm = jnp.resize(x, (m, k))
+        xm = jnp.asarray(rng.standard_normal((m, k)), BF16)
         lowered = jax.jit(functools.partial(ops.w4a16_gemm, group_size=64)).trace(xm, qw, s, z).lower(
             lowering_platforms=("cuda",)
         )
