@@ -186,6 +186,13 @@ class ActQuantLaunch:
     workspace_bytes: int
 
 
+def act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> ActQuantLaunch:
+    """The sm90 act_quant launch plan of an (rows, K) input with a rank-``rank`` down projection."""
+    out = (ctypes.c_int64 * 7)()
+    _load().JaxW4a4ActQuantLaunch(rows, k, rank, num_sms, out)
+    return ActQuantLaunch(*(int(v) for v in out))
+
+
 @dataclasses.dataclass(frozen=True)
 class ArrivalCounterLimits:
     """Each kernel's pool of self-re-arming arrival counters (csrc/common/arrival_counters.h), which the
@@ -201,13 +208,6 @@ def arrival_counter_limits() -> ArrivalCounterLimits:
     out = (ctypes.c_int64 * 2)()
     _load().JaxW4a4ArrivalCounterLimits(out)
     return ArrivalCounterLimits(*(int(v) for v in out))
-
-
-def act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> ActQuantLaunch:
-    """The sm90 act_quant launch plan of an (rows, K) input with a rank-``rank`` down projection."""
-    out = (ctypes.c_int64 * 7)()
-    _load().JaxW4a4ActQuantLaunch(rows, k, rank, num_sms, out)
-    return ActQuantLaunch(*(int(v) for v in out))
 
 
 @dataclasses.dataclass(frozen=True)

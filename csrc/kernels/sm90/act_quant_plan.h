@@ -105,10 +105,9 @@ inline constexpr ActQuantShape kActQuantShapes[] = {
 //
 // K split: the split CTAs of a row block quantize disjoint chunks and, with a low-rank branch, leave
 // fp32 LA partials in the workspace; the last of them to finish (an arrival counter per row block,
-// common/arrival_counters.h) sums them in split order, so LA does not depend on the
-// arrival order. No thread-block
-// cluster: clusters are placed whole inside a GPC, and on a 132-SM H200 64 clusters of 8 CTAs at 4 CTAs
-// per SM do not fit in one wave (benchmarks/NOTES.md, session 7: the cluster version had to halve its
+// common/arrival_counters.h) sums them in split order, so LA does not depend on the arrival order. No
+// thread-block cluster: clusters are placed whole inside a GPC, and on a 132-SM H200 64 clusters of 8 CTAs
+// at 4 CTAs per SM do not fit in one wave (benchmarks/NOTES.md, session 7: the cluster version had to halve its
 // split and ran 2 warps per scheduler instead of 4).
 inline constexpr int kActQuantMaxSplits = 32;     // the last CTA reads splits x block_rows x rank floats
 inline constexpr int kActQuantMinSplitChunks = 2;  // chunks per split CTA: its ring overlaps copy and compute
@@ -160,13 +159,13 @@ constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t ran
 
 // A split needs row_blocks < the resident CTAs (the split doubles while the grid is below them), so the
 // arrival counters fit the pool for every num_sms the handlers accept.
-constexpr bool ActQuantCountersFitSlot() {
+constexpr bool ActQuantCountersFitPool() {
   for (const ActQuantShape& s : kActQuantShapes) {
     if (ActQuantResidentCtas(s, kMaxNumSms) > kArrivalCounters) return false;
   }
   return true;
 }
-static_assert(ActQuantCountersFitSlot(), "act_quant's arrival counters must fit the pool");
+static_assert(ActQuantCountersFitPool(), "act_quant's arrival counters must fit the pool");
 
 // Workspace of one launch planned for num_sms SMs (the FFI lowering sizes the op's workspace result with it).
 constexpr int64_t ActQuantWorkspaceBytes(int64_t rows, int64_t k, int64_t rank, int num_sms) {

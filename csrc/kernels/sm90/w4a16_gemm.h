@@ -36,7 +36,8 @@ inline W4a16Problem ProblemOf(const GemmArgs& args) {
 // Enqueues the work on `stream`: no host sync, no allocation, CUDA-graph safe. The launch is planned
 // for `num_sms` SMs (PlanW4a16Launch); `workspace` holds at least W4a16WorkspaceBytes(ProblemOf(args),
 // num_sms) bytes (uninitialised; nothing in it needs zeroing). Returns cudaErrorInvalidValue for shapes
-// outside W4a16ShapeSupported, num_sms outside [1, kMaxNumSms] or a too small workspace, otherwise the launch status.
+// outside W4a16ShapeSupported, num_sms outside [1, kMaxNumSms] or a too small workspace, otherwise the
+// launch status.
 cudaError_t LaunchGemm(const GemmArgs& args, void* workspace, size_t workspace_bytes, int num_sms,
                        cudaStream_t stream);
 

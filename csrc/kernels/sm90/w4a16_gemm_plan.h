@@ -176,13 +176,13 @@ constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16
 
 // A split (splits >= 2) needs tiles <= slots / 2 (splits = slots / tiles), so the arrival counters, one
 // per tile, fit the pool for every num_sms the handlers accept.
-constexpr bool W4a16CountersFitSlot() {
+constexpr bool W4a16CountersFitPool() {
   for (int m_tiles : kMTileOptions) {
     if (int64_t{kMaxNumSms} * CtasPerSm(m_tiles) / 2 > kArrivalCounters) return false;
   }
   return true;
 }
-static_assert(W4a16CountersFitSlot(), "w4a16's arrival counters must fit the pool");
+static_assert(W4a16CountersFitPool(), "w4a16's arrival counters must fit the pool");
 
 // Workspace bytes for `p` planned for `num_sms` SMs, or -1 when the kernel does not serve the shape.
 constexpr int64_t W4a16WorkspaceBytes(const W4a16Problem& p, int num_sms) {

@@ -30,8 +30,9 @@
 // inside a tile (only the first of a range) stores its fp32 accumulators in its CTA's workspace slot and
 // sets a flag (st.release.gpu); the finisher waits for the flags of the later CTAs of its tile
 // (ld.acquire.gpu), sets them back to 0 (common/arrival_counters.h: the flags are the library's own
-// counters, which every launch leaves zeroed, so there is no memset) and adds their slots in CTA order, so the result is deterministic. Those CTAs run that segment first and never wait, so every
-// wait ends (all CTAs are resident: the grid is the occupancy).
+// counters, which every launch leaves zeroed, so there is no memset) and adds their slots in CTA order, so
+// the result is deterministic. Those CTAs run that segment first and never wait, so every wait ends (all
+// CTAs are resident: the grid is the occupancy).
 //
 // Warp roles (384 threads = 3 warpgroups; setmaxnreg moves registers to the MMA warps):
 //   warpgroup 0, producers, setmaxnreg.dec 40:

@@ -200,13 +200,13 @@ constexpr int64_t W4A4StreamKWorkspaceBytes(int tile_m, int64_t ctas) {
 }
 
 // The flags of every CTA the GPU holds at once fit the pool for every num_sms the handlers accept.
-constexpr bool W4A4FlagsFitSlot() {
+constexpr bool W4A4FlagsFitPool() {
   for (const W4A4Shape& s : kW4A4Shapes) {
     if (2 * int64_t{kMaxNumSms} * W4A4CtasPerSm(s) > kArrivalCounters) return false;
   }
   return true;
 }
-static_assert(W4A4FlagsFitSlot(), "w4a4's stream-K flags must fit the pool");
+static_assert(W4A4FlagsFitPool(), "w4a4's stream-K flags must fit the pool");
 
 // Workspace bytes of one launch planned for num_sms SMs (0 without stream-K), for the instance's CTAs per
 // SM: the FFI lowering sizes the op's workspace result with it (jax_w4a4/ops/primitives.py).
