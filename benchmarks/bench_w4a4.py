@@ -75,7 +75,8 @@ def _w4a4_inputs(m, n, k, copies, weight_copies, key):
         lora_up = (jax.random.normal(ku, (RANK, n)) / np.sqrt(RANK)).astype(DTYPE)
         alpha = jax.random.uniform(ka, (n,), jnp.float32, 0.5, 1.5)
         bias = jax.random.normal(kb, (n,)).astype(DTYPE)
-        weights.append((jax.jit(svdq_layout.prepack)(qweight), wscales, lora_up, alpha, bias))
+        weights.append((jax.jit(svdq_layout.prepack)(qweight), jax.jit(svdq_layout.prepack_scales)(wscales), lora_up,
+                        alpha, bias))
     return acts, weights
 
 

@@ -22,13 +22,13 @@ RANK = 32
 
 
 def _w4a4_setup(n: int, k: int, key: jax.Array):
-    """The jitted act_quant (rank 32, int4) and random prepacked weights (prepacked, wscales, lora_up)."""
+    """The jitted act_quant (rank 32, int4) and random weights in the kernel layouts (prepacked, wscales, lora_up)."""
     kw, ks, kd, ku = jax.random.split(key, 4)
     smooth = jax.random.uniform(ks, (k,), jnp.float32, 0.5, 2.0)
     lora_down = (jax.random.normal(kd, (k, RANK)) / np.sqrt(k)).astype(jnp.bfloat16)
     qweight, wscales = jax.jit(svdq.quantize_weights, static_argnames="scale_dtype")(
         jax.random.normal(kw, (n, k)) / np.sqrt(k), scale_dtype=jnp.bfloat16)
-    prepacked = jax.jit(svdq_layout.prepack)(qweight)
+    prepacked, wscales = jax.jit(svdq_layout.prepack)(qweight), jax.jit(svdq_layout.prepack_scales)(wscales)
     lora_up = (jax.random.normal(ku, (RANK, n)) / np.sqrt(RANK)).astype(jnp.bfloat16)
     quantize = jax.jit(lambda x: ops.act_quant(x, smooth, lora_down, act_format="int4"))
     return quantize, (prepacked, wscales, lora_up)

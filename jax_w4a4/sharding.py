@@ -8,7 +8,7 @@ stays automatic, so the token dims of ``x`` may be sharded on it, evenly or not:
   ``smooth`` and ``lora_down`` are replicated. Each shard runs the unsharded :func:`jax_w4a4.linear`
   on its columns (activation quantization included, redundantly), so the output, sharded on N, is the
   unsharded result column for column. No communication.
-* **row parallel** shards K. Every shard holds whole K-blocks of the packed weights, its K-slice of
+* **row parallel** shards K. Every shard holds whole K-blocks of the packed weights, its K-stages of
   the group scales, ``smooth`` and ``lora_down`` rows; ``x`` is sharded on K (the output of a column
   parallel layer is). Activation groups (64 for int4 / uint4, 128 for fp8) never straddle a shard, so
   ``act_quant`` on the local slice gives exactly the unsharded codes and scales. Each shard computes
@@ -26,7 +26,8 @@ stays automatic, so the token dims of ``x`` may be sharded on it, evenly or not:
   summation order). Everything else (activation codes and scales, LA, L_up, β) is identical.
 
 **Layouts.** svdq weights shard as they are: the prepacked ``(N/64, K/64, 2048)`` array splits along
-its N-block axis (column) or K-block axis (row). The w4a16 prepacked array ``(N/16 + 1, 2K)`` has one
+its N-block axis (column) or K-block axis (row), the prepacked scales ``(K/128, N, 2)`` along N or their
+K-stage axis. The w4a16 prepacked array ``(N/16 + 1, 2K)`` has one
 tail row (the act-order permutation) that every shard needs its own copy of, so :func:`shard_weights`
 re-lays it out at placement time, moving words only (no re-quantization):
 
@@ -58,8 +59,9 @@ pair (partial, LA) summed by one ``psum`` by construction (the automatic path re
 all-reduce combiner for that).
 
 Alignment (checked at placement, ValueError naming the argument): column needs N a multiple of
-``64 S`` (svdq) / ``16 S`` (w4a16); row needs K a multiple of ``64 S`` (int4 / uint4), ``128 S``
-(fp8 / w4a8), or ``S · max(64, group_size)`` (w4a16; per-channel w4a16 cannot be row parallel).
+``64 S`` (svdq) / ``16 S`` (w4a16); row needs K a multiple of ``128 S`` (svdq: the 128-column stages of
+the prepacked scales, which also hold whole activation groups), or ``S · max(64, group_size)`` (w4a16;
+per-channel w4a16 cannot be row parallel).
 """
 
 from __future__ import annotations
@@ -141,11 +143,8 @@ def _check_alignment(weights: ShardableWeights, style: str, shards: int) -> None
         if style == "column":
             _check_multiple("N (out_features)", n, svdq_layout.BLOCK_N, shards, "64-row svdq blocks")
         else:
-            act_group = partitioning.act_group(weights.act_format)
-            _check_multiple(
-                "K (in_features)", k, act_group, shards,
-                f"{act_group}-wide {weights.act_format} activation groups",
-            )
+            stage = svdq_layout.KERNEL_K_MULTIPLE
+            _check_multiple("K (in_features)", k, stage, shards, f"{stage}-column stages of the weight scales")
         return
     if style == "column":
         _check_multiple("N (out_features)", n, w4a16_layout.ATOM_N, shards, "16-row w4a16 blocks")
@@ -174,7 +173,7 @@ def _specs(weights: ShardableWeights, style: str, axis: str) -> ShardableWeights
         vec = P(axis) if col else P()
         specs = dict(
             qweight=P(axis, None, None) if col else P(None, axis, None),
-            wscales=P(axis, None) if col else P(None, axis),
+            wscales=P(None, axis, None) if col else P(axis, None, None),
             smooth=P() if col else P(axis),
             lora_down=P() if col else P(axis, None),
             lora_up=P(None, axis) if col else P(),

@@ -31,7 +31,9 @@ class SVDQuantWeights:
     Attributes:
       qweight: packed signed int4 residual weights in the GEMM's prepacked layout
         (:mod:`jax_w4a4.formats.svdq_layout`; ``unprepack`` recovers the logical ``(N, K/2)`` uint8).
-      wscales: ``(N, K/64)`` bf16/fp16 group scales; their dtype is the layer's dtype.
+      wscales: bf16/fp16 group scales in the GEMM's stage-major layout ``(K/128, N, 2)``
+        (:func:`jax_w4a4.formats.svdq_layout.prepack_scales` of the logical ``(N, K/64)``;
+        ``unprepack_scales`` recovers it); their dtype is the layer's dtype.
       smooth: ``(K,)`` fp32 smoothing factors λ (activations are divided by λ before quantization).
       lora_down: ``(K, r)`` low-rank down projection, layer dtype (r = 0: no branch).
       lora_up: ``(r, N)`` low-rank up projection, layer dtype.
@@ -67,12 +69,12 @@ class SVDQuantWeights:
     @property
     def padded_in_features(self) -> int:
         """K of the stored arrays (the kernel's K): ``in_features + in_padding``."""
-        return self.wscales.shape[1] * svdq.GROUP_SIZE
+        return self.wscales.shape[0] * svdq_layout.KERNEL_K_MULTIPLE
 
     @property
     def padded_out_features(self) -> int:
         """N of the stored arrays (the kernel's N): ``out_features + out_padding``."""
-        return self.wscales.shape[0]
+        return self.wscales.shape[1]
 
     @property
     def in_features(self) -> int:
@@ -334,7 +336,7 @@ def assemble_svdquant_weights(
 ) -> SVDQuantWeights:
     """:class:`SVDQuantWeights` from a quantized residual and the low-rank factors (logical shapes):
     ``L_down = diag(1/λ)·V_r``, ``L_up = (U_r S_r)ᵀ``, every array zero-padded to the kernel's
-    multiples (:func:`kernel_padding`; ``smooth`` padded with ones) and the residual prepacked.
+    multiples (:func:`kernel_padding`; ``smooth`` padded with ones), the residual and its scales prepacked.
 
     Args:
       qweight: logical uint8 ``(N, K/2)`` residual. wscales: ``(N, K/64)`` in ``dtype``.
@@ -346,7 +348,7 @@ def assemble_svdquant_weights(
     rows, cols = (0, out_padding), (0, in_padding)
     return SVDQuantWeights(
         qweight=svdq_layout.prepack(jnp.pad(qweight, (rows, (0, in_padding // 2)))),
-        wscales=jnp.pad(wscales, (rows, (0, in_padding // svdq.GROUP_SIZE))),
+        wscales=svdq_layout.prepack_scales(jnp.pad(wscales, (rows, (0, in_padding // svdq.GROUP_SIZE)))),
         smooth=jnp.pad(smooth, cols, constant_values=1.0),
         lora_down=jnp.pad((v / smooth[:, None]).astype(dtype), (cols, (0, 0))),
         lora_up=jnp.pad(us.T.astype(dtype), ((0, 0), rows)),

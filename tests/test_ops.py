@@ -22,7 +22,7 @@ def _operands(rng, lead=(4,), act_format="int4"):
     smooth = jnp.asarray(rng.uniform(0.5, 2, K), jnp.float32)
     lora_down = jnp.asarray(rng.standard_normal((K, R)) * 0.1, BF16)
     qweight, wscales = svdq.quantize_weights(jnp.asarray(rng.standard_normal((N, K)), jnp.float32), scale_dtype=BF16)
-    qweight = svdq_layout.prepack(qweight)
+    qweight, wscales = svdq_layout.prepack(qweight), svdq_layout.prepack_scales(wscales)
     lora_up = jnp.asarray(rng.standard_normal((R, N)) * 0.1, BF16)
     return x, smooth, lora_down, qweight, wscales, lora_up
 
@@ -59,7 +59,9 @@ def _bad_inputs(rng):
         (lambda: aq(x, smooth, ld.astype(jnp.float16)), r"lora_down must have dtype bfloat16"),
         (lambda: gemm(q, s, la, qw.astype(jnp.int8), ws, lu), r"qweight must have dtype uint8"),
         (lambda: gemm(q, s, la, svdq_layout.unprepack(qw, N, K), ws, lu), r"qweight \(prepacked, formats.svdq_layout\) must have shape \(2, 4, 2048\)"),
-        (lambda: gemm(q, s, la, qw, ws[:, :2], lu), r"qweight \(prepacked, formats.svdq_layout\) must have shape \(2, 2, 2048\)"),
+        (lambda: gemm(q, s, la, qw, ws[:1], lu), r"wscales \(prepacked, formats.svdq_layout.prepack_scales\) must have shape \(2, 128, 2\)"),
+        (lambda: gemm(q, s, la, qw, svdq_layout.unprepack_scales(ws), lu), r"wscales must be 3-D, got shape \(128, 4\)"),
+        (lambda: gemm(q[..., :192], s[..., :3], la, qw, ws, lu), r"K \(q_x.shape\[-1\]\) must be a multiple of 128"),
         (lambda: gemm(q, s, la, qw, ws.astype(jnp.float32), lu), r"wscales must have dtype bfloat16 or float16"),
         (lambda: gemm(q[:2], s, la, qw, ws, lu), r"s_x must have leading dims \(2,\)"),
         (lambda: gemm(q, s, la, qw, ws, lu[:, :64]), r"lora_up must have shape \(16, 128\)"),
@@ -67,7 +69,7 @@ def _bad_inputs(rng):
         (lambda: gemm(q, s, la, qw, ws, lu, alpha=jnp.ones(N, BF16)), r"alpha must have dtype float32"),
         (lambda: gemm(q, s, la, qw, ws, lu, bias=jnp.ones(64, BF16)), r"bias must have shape \(128,\)"),
         (lambda: ops.w4a4_gemm(q, s, la, qw, ws, lu, act_format="fp8"), r"s_x must have shape \(4, 2\)"),
-        (lambda: gemm(q[..., :128], s, la, qw, ws, lu), r"q_x must have shape \(4, 256\)"),
+        (lambda: gemm(q[..., :128], s, la, qw, ws, lu), r"wscales \(prepacked, formats.svdq_layout.prepack_scales\) must have shape \(1, 128, 2\)"),
         (lambda: g16(xw, qw16, s16, z16, group_size=48), r"group_size must be one of"),
         (lambda: g16(xw, qw16, s16.astype(jnp.float16), z16), r"scales must have dtype bfloat16"),
         (lambda: g16(xw, qw16, s16, z16[:, :1]), r"zeros must have shape \(128, 4\)"),
@@ -91,7 +93,8 @@ def test_eager_jit_and_reference_agree(rng):
     jitted = jax.jit(_w4a4)(*args)
     x, smooth, lora_down, qweight, wscales, lora_up = args
     q, s, la = reference.act_quant(x, smooth, lora_down, act_format="int4")
-    ref = reference.w4a4_gemm(q, s, la, svdq_layout.unprepack(qweight, N, K), wscales, lora_up, act_format="int4")
+    ref = reference.w4a4_gemm(q, s, la, svdq_layout.unprepack(qweight, N, K), svdq_layout.unprepack_scales(wscales),
+                              lora_up, act_format="int4")
     np.testing.assert_array_equal(np.asarray(eager, np.float32), np.asarray(ref, np.float32))
     np.testing.assert_array_equal(np.asarray(jitted, np.float32), np.asarray(ref, np.float32))
 
@@ -244,7 +247,8 @@ def test_w4a4_lowering_adds_the_stream_k_workspace():
     whose column tiles do not divide over the SMs); other launches get an empty one."""
     n, k, r = 1024, 17408, 32  # 8 column tiles x 136 k-stages: stream-K at M <= 16 on 132 SMs (264 CTAs)
     sds = jax.ShapeDtypeStruct
-    weights = (sds(svdq_layout.prepacked_shape(n, k), jnp.uint8), sds((n, k // 64), BF16), sds((r, n), BF16))
+    weights = (sds(svdq_layout.prepacked_shape(n, k), jnp.uint8), sds(svdq_layout.prepacked_scales_shape(n, k), BF16),
+               sds((r, n), BF16))
     sizes = {}
     for m in (1, 64):
         tokens = (sds((m, k), jnp.uint8), sds((m, k // 64), BF16), sds((m, r), jnp.float32))

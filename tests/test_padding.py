@@ -32,14 +32,15 @@ def _logical(weights):
     n, k = weights.out_features, weights.in_features
     n_p, k_p = weights.padded_out_features, weights.padded_in_features
     qweight = np.asarray(svdq_layout.unprepack(weights.qweight, n_p, k_p))
-    wscales = np.asarray(weights.wscales, np.float32)
+    wscales = np.asarray(svdq_layout.unprepack_scales(weights.wscales), np.float32)
     for padded in (qweight[n:], qweight[:, k // 2 :], wscales[n:], wscales[:, k // 64 :],
                    np.asarray(weights.lora_down, np.float32)[k:], np.asarray(weights.lora_up, np.float32)[:, n:],
                    np.asarray(weights.bias, np.float32)[n:]):
         assert not padded.any()
     np.testing.assert_array_equal(np.asarray(weights.smooth)[k:], 1.0)
     return dict(
-        qweight=qweight[:n, : k // 2], wscales=weights.wscales[:n, : k // 64], smooth=weights.smooth[:k],
+        qweight=qweight[:n, : k // 2], wscales=svdq_layout.unprepack_scales(weights.wscales)[:n, : k // 64],
+        smooth=weights.smooth[:k],
         lora_down=weights.lora_down[:k], lora_up=weights.lora_up[:, :n], bias=weights.bias[:n],
     )
 

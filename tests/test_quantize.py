@@ -223,7 +223,7 @@ def test_svdquant_beats_rtn_w4a4_on_outliers(rng):
     assert (n_p, k_p, svd.out_features, svd.in_features) == (128, 256, N, K)
     recon = (np.asarray(svd.lora_down, np.float64) @ np.asarray(svd.lora_up, np.float64)).T
     logical = svdq_layout.unprepack(svd.qweight, n_p, k_p)
-    residual = np.asarray(svdq.dequantize(logical, svd.wscales, signed=True), np.float64) / np.asarray(svd.smooth)
+    residual = np.asarray(svdq.dequantize(logical, svdq_layout.unprepack_scales(svd.wscales), signed=True), np.float64) / np.asarray(svd.smooth)
     w64 = np.pad(np.asarray(w, np.float64), ((0, n_p - N), (0, 0)))
     np.testing.assert_array_equal(recon[N:] + residual[N:], 0.0)
     assert np.linalg.norm(recon + residual - w64) / np.linalg.norm(w64) < 0.1

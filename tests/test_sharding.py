@@ -54,7 +54,7 @@ def _slice_k(weights, lo: int, hi: int):
     if isinstance(weights, SVDQuantWeights):
         logical = svdq_layout.unprepack(weights.qweight, n, k)[:, lo // 2 : hi // 2]
         return dataclasses.replace(
-            weights, qweight=svdq_layout.prepack(logical), wscales=weights.wscales[:, lo // 64 : hi // 64],
+            weights, qweight=svdq_layout.prepack(logical), wscales=weights.wscales[lo // 128 : hi // 128],
             smooth=weights.smooth[lo:hi], lora_down=weights.lora_down[lo:hi, :0], lora_up=weights.lora_up[:0],
             bias=None,
         )
@@ -115,7 +115,7 @@ def _by_hand(weights, mesh, style: str, axis: str = "tensor", put=jax.device_put
     col = style == "column"
     on_n, on_k = (P(axis), P()) if col else (P(), P(None, axis))
     if isinstance(weights, SVDQuantWeights):
-        specs = dict(qweight=on_n if col else on_k, wscales=on_n if col else on_k, smooth=P() if col else P(axis),
+        specs = dict(qweight=on_n if col else on_k, wscales=P(None, axis) if col else P(axis), smooth=P() if col else P(axis),
                      lora_down=P() if col else P(axis), lora_up=P(None, axis) if col else P(), alpha=on_n, bias=on_n)
     else:
         specs = dict(qweight=P() if col else on_k, scales=on_n if col else on_k, zeros=on_n if col else on_k,
@@ -228,7 +228,7 @@ def _abstract(mode: str, n: int, k: int, **options):
     [
         ("svdq-int4", 448, 512, "column", r"N \(out_features\) must be a multiple of 512"),
         ("w4a8", 512, 512, "row", r"K \(in_features\) must be a multiple of 1024"),
-        ("svdq-int4", 512, 256, "row", r"K \(in_features\) must be a multiple of 512"),
+        ("svdq-int4", 512, 256, "row", r"K \(in_features\) must be a multiple of 1024"),
         ("w4a16", 64, 512, "column", r"N \(out_features\) must be a multiple of 128"),
         ("w4a16", 512, 512, "row", r"K \(in_features\) must be a multiple of 1024"),
     ],
@@ -254,6 +254,9 @@ def test_automatic_unsupported_placements_fail_at_compile_time():
         return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
 
     fp8_row = _by_hand(_abstract("w4a8", 512, 512), mesh, "row", put=abstract_put)
+    # The prepacked scales' 4 K-stages cannot be split 8 ways at all (JAX refuses that placement itself):
+    # replicated, so that the K split of the activations' fp8 groups is what fails.
+    fp8_row = dataclasses.replace(fp8_row, wscales=abstract_put(fp8_row.wscales, NamedSharding(mesh, P())))
     per_channel = _abstract("w4a16", 128, 512, group_size=-1)
     per_channel_row = dataclasses.replace(  # its one scale column cannot be split: only qweight's words are
         per_channel, qweight=abstract_put(per_channel.qweight, NamedSharding(mesh, P(None, "tensor")))
@@ -293,11 +296,11 @@ def test_two_layer_mlp_readme_example(rng):
         return jax.device_put(a, NamedSharding(mesh, spec))
 
     up_auto = dataclasses.replace(  # column: everything with an N axis sharded on it
-        up_q, qweight=put(up_q.qweight, P("tensor")), wscales=put(up_q.wscales, P("tensor")),
+        up_q, qweight=put(up_q.qweight, P("tensor")), wscales=put(up_q.wscales, P(None, "tensor")),
         lora_up=put(up_q.lora_up, P(None, "tensor")),
     )
     down_auto = dataclasses.replace(  # row: everything with a K axis sharded on it
-        down_q, qweight=put(down_q.qweight, P(None, "tensor")), wscales=put(down_q.wscales, P(None, "tensor")),
+        down_q, qweight=put(down_q.qweight, P(None, "tensor")), wscales=put(down_q.wscales, P("tensor")),
         smooth=put(down_q.smooth, P("tensor")), lora_down=put(down_q.lora_down, P("tensor")),
     )
     for path, up_w, down_w in (("explicit", up, down), ("automatic", up_auto, down_auto)):

@@ -64,6 +64,21 @@ def test_round_trip_is_bit_exact(rng, n, k):
     np.testing.assert_array_equal(np.asarray(back), qweight)
 
 
+def test_prepacked_scales_follow_the_stage_major_spec(rng):
+    """``[ks, n, h] = s_w[n, 2 ks + h]``: a 128-column tile's scales of one K-stage are 512 contiguous bytes,
+    in the [column][group 0, group 1] order the kernel's bulk copy lands in shared memory; round trip exact."""
+    n, k = 256, 384
+    wscales = jnp.asarray(rng.standard_normal((n, k // 64)), jnp.bfloat16)
+    packed = jax.jit(layout.prepack_scales)(wscales)
+    assert packed.shape == layout.prepacked_scales_shape(n, k) == (3, 256, 2) and packed.dtype == jnp.bfloat16
+    logical, flat = np.asarray(wscales, np.float32), np.asarray(packed, np.float32).reshape(-1)
+    for ks in range(k // 128):
+        for n0 in (0, 128):
+            tile = flat[(ks * n + n0) * 2 : (ks * n + n0 + 128) * 2].reshape(128, 2)
+            np.testing.assert_array_equal(tile, logical[n0 : n0 + 128, 2 * ks : 2 * ks + 2])
+    np.testing.assert_array_equal(np.asarray(jax.jit(layout.unprepack_scales)(packed)), np.asarray(wscales))
+
+
 def test_prepack_is_a_byte_permutation(rng):
     """Aligned shapes: no padding, every logical byte appears exactly once (nibbles are not re-encoded)."""
     qweight = _logical(rng, 128, 256)
@@ -163,6 +178,10 @@ def test_bad_arguments_are_rejected():
         layout.unprepack(jnp.zeros((1, 2, 2048), jnp.uint8), 64, 64)
     with pytest.raises(ValueError, match="k must be even"):
         layout.unprepack(jnp.zeros((1, 1, 2048), jnp.uint8), 64, 63)
+    with pytest.raises(ValueError, match=r"K a multiple of 128 \(an even number of groups\), got \(64, 3\)"):
+        layout.prepack_scales(jnp.zeros((64, 3), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"prepacked scales must be \(K/128, N, 2\), got \(64, 4\)"):
+        layout.unprepack_scales(jnp.zeros((64, 4), jnp.bfloat16))
 
 
 @pytest.mark.parametrize("n,k,arg", [(192, 128, "N"), (0, 128, "N"), (128, 192, "K"), (256, 64, "K")])

@@ -19,7 +19,7 @@ namespace jax_w4a4 {
 namespace {
 
 constexpr std::string_view kOp = "w4a4_gemm";
-constexpr int64_t kWeightGroup = 64;
+constexpr int64_t kStageK = 128;  // K per row of the prepacked weight scales: two groups of 64
 constexpr int64_t kPrepackedBlockBytes = 2048;  // formats/svdq_layout.py: 64 x 64 int4 per block
 
 ffi::Error W4a4Gemm(cudaStream_t stream, ffi::AnyBuffer q_x, ffi::AnyBuffer s_x, ffi::AnyBuffer la,
@@ -32,14 +32,15 @@ ffi::Error W4a4Gemm(cudaStream_t stream, ffi::AnyBuffer q_x, ffi::AnyBuffer s_x,
   }
   const bool fp8 = format == sm90::ActFormat::kFp8;
 
-  // wscales (N, K/64) in the output dtype gives N and K; qweight is prepacked (N/64, K/64, 2048) uint8.
+  // wscales, prepacked stage-major (K/128, N, 2) in the output dtype, gives N and K; qweight is prepacked
+  // (N/64, K/64, 2048) uint8.
   const ffi::DataType out_dtype = wscales.element_type();
   auto s_dims = wscales.dimensions();
-  if (!IsHalf(out_dtype) || s_dims.size() != 2) {
-    return Invalid(kOp, "wscales must be bf16/fp16 (N, K/64), got " + Describe(wscales));
+  if (!IsHalf(out_dtype) || s_dims.size() != 3 || s_dims[2] != 2) {
+    return Invalid(kOp, "wscales must be prepacked bf16/fp16 (K/128, N, 2), got " + Describe(wscales));
   }
-  const int64_t n = s_dims[0];
-  const int64_t k = kWeightGroup * s_dims[1];
+  const int64_t n = s_dims[1];
+  const int64_t k = kStageK * s_dims[0];
   auto w_dims = qweight.dimensions();
   const int64_t n_blocks = (n + 63) / 64, k_blocks = (k + 63) / 64;
   if (qweight.element_type() != ffi::DataType::U8 || w_dims.size() != 3 || w_dims[0] != n_blocks ||

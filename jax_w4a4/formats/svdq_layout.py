@@ -22,7 +22,15 @@ offline ("prepacked") so that this load is exactly the thread's fragment:
   in the PTX ISA order of the wgmma ``.m64nNk32`` 8-bit A fragment: register ``r`` holds row
   ``16 w + g + 8 (r & 1)``, columns ``32 s + 16 (r >> 1) + 4 t + {0..3}``.
 
-``unprepack`` is the bit-exact inverse of ``prepack`` (padding dropped); both are pure ``jnp`` and jit-able.
+**Weight scales** (``prepack_scales``): the logical ``(N, K/64)`` group scales are stored stage-major,
+``(K/128, N, 2)`` in their own dtype: ``prepacked_scales[ks, n, h] = wscales[n, 2 ks + h]``. A CTA's
+K-stage (128 columns of K, two groups) over its 128 output columns is then 512 contiguous bytes, which
+one bulk copy brings into shared memory as the ``[column][group 0, group 1]`` rows the consumers read.
+(Read from the logical layout, the same 512 bytes were 128 scattered 4-byte copies per stage; they cost
+the decode GEMM 6 us at 1 x 28672 x 8192, benchmarks/NOTES.md session 9.)
+
+``unprepack`` / ``unprepack_scales`` are the bit-exact inverses of ``prepack`` / ``prepack_scales``
+(padding dropped); all four are pure ``jnp`` and jit-able.
 """
 
 from __future__ import annotations
@@ -78,6 +86,34 @@ def prepack(qweight: ArrayLike) -> jax.Array:
     rows, cols = _LOGICAL_VIEW[:3], _LOGICAL_VIEW[3:]
     blocks = padded.reshape(nb, *rows, kb, *cols).transpose(_TO_PREPACKED)
     return blocks.reshape(nb, kb, BLOCK_BYTES)
+
+
+def prepacked_scales_shape(n: int, k: int) -> tuple[int, int, int]:
+    """Shape of the prepacked ``(N, K/64)`` weight scales: ``(K/128, N, 2)`` (K a multiple of 128)."""
+    return (k // KERNEL_K_MULTIPLE, n, KERNEL_K_MULTIPLE // BLOCK_K)
+
+
+def prepack_scales(wscales: ArrayLike) -> jax.Array:
+    """Logical ``(N, K/64)`` weight scales -> the stage-major kernel layout ``(K/128, N, 2)`` (module docstring)."""
+    wscales = jnp.asarray(wscales)
+    groups_per_stage = KERNEL_K_MULTIPLE // BLOCK_K
+    if wscales.ndim != 2 or wscales.shape[1] % groups_per_stage:
+        raise ValueError(
+            f"wscales must be (N, K/64) with K a multiple of {KERNEL_K_MULTIPLE} (an even number of groups), "
+            f"got {tuple(wscales.shape)}"
+        )
+    n, groups = wscales.shape
+    return wscales.reshape(n, groups // groups_per_stage, groups_per_stage).transpose(1, 0, 2)
+
+
+def unprepack_scales(prepacked_scales: ArrayLike) -> jax.Array:
+    """The stage-major ``(K/128, N, 2)`` layout -> logical ``(N, K/64)``, the inverse of :func:`prepack_scales`."""
+    prepacked_scales = jnp.asarray(prepacked_scales)
+    groups_per_stage = KERNEL_K_MULTIPLE // BLOCK_K
+    if prepacked_scales.ndim != 3 or prepacked_scales.shape[2] != groups_per_stage:
+        raise ValueError(f"prepacked scales must be (K/128, N, 2), got {tuple(prepacked_scales.shape)}")
+    stages, n, _ = prepacked_scales.shape
+    return prepacked_scales.transpose(1, 0, 2).reshape(n, stages * groups_per_stage)
 
 
 def unprepack(prepacked: ArrayLike, n: int, k: int) -> jax.Array:

@@ -30,7 +30,7 @@ from jax_w4a4.weights import FakeQuantFP4Weights, SVDQuantWeights, W4A16Weights
 M = TypeVar("M", bound=nnx.Module)
 
 FORMAT = "jax_w4a4.nn"
-VERSION = 1
+VERSION = 2  # 2: svdq weight scales in the stage-major kernel layout (formats.svdq_layout.prepack_scales)
 TENSORS_FILE = "model.safetensors"
 CONFIG_FILE = "quantization.json"
 WEIGHT_TYPES = {cls.__name__: cls for cls in (SVDQuantWeights, W4A16Weights, FakeQuantFP4Weights)}

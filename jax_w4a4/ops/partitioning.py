@@ -8,10 +8,10 @@ therefore carries
 * a **Shardy sharding rule** (an :class:`SdyShardingRule` built from the operand shapes): the factors
   that tie the operands together, e.g. for ``w4a4_gemm`` the N factor ``(nb bn)`` shared by the
   prepacked ``qweight`` (its ``N/64`` block axis), ``wscales``, ``lora_up``, α, β and the output, and
-  the K factor ``ku`` (one activation group; a reduction factor) shared by ``q_x``, ``s_x``,
-  ``qweight``'s K-block axis and ``wscales``. Factors that must never be split (inside a 64-row
-  block, inside an activation group, the rank r, the 2048 bytes of a block, the w4a16 permutation
-  row) are need-replication factors. Shardy (the default partitioner) propagates shardings through
+  the K factor ``ks`` (one 128-column stage; a reduction factor) shared by ``q_x``, ``s_x``,
+  ``qweight``'s K-block axis and the stage axis of the prepacked ``wscales``. Factors that must never
+  be split (inside a 64-row block, inside a stage, the rank r, the 2048 bytes of a block, the w4a16
+  permutation row) are need-replication factors. Shardy (the default partitioner) propagates shardings through
   the op with it, so a column layer's N-sharded output reaches the next row layer as K-sharded x.
 * a **partition callback** that decides the per-device computation from the shardings it is given:
   the *weights'* placement decides (they stay where they are; activations are resharded to match):
@@ -151,25 +151,25 @@ def _act_quant_rule(shapes: Sequence[Shape], act_format: str) -> SdyShardingRule
 
 def _w4a4_gemm_rule(shapes: Sequence[Shape], act_format: str) -> SdyShardingRule:
     _, _, la, qweight, wscales, _, alpha, bias = shapes[:8]
-    n, kb = wscales
-    steps = act_group(act_format) // svdq.GROUP_SIZE  # 64-column K blocks per activation group
-    sizes = dict(ku=kb // steps, t=steps, kk=svdq.GROUP_SIZE, r=la[-1], c=svdq_layout.BLOCK_BYTES)
+    stages, n, halves = wscales  # prepacked scales (K/128, N, 2): K = (ks h kk), a 128-column stage = (h kk)
+    sizes = dict(ks=stages, h=halves, kk=svdq.GROUP_SIZE, r=la[-1], c=svdq_layout.BLOCK_BYTES)
     if n == qweight[0] * svdq_layout.BLOCK_N:  # whole 64-row blocks: N = (nb bn)
         nf, qn = ("nb", "bn"), ("nb",)
         sizes.update(nb=qweight[0], bn=svdq_layout.BLOCK_N)
     else:  # padded blocks: N cannot be split with qweight
         nf, qn = ("n",), ("nq",)
         sizes.update(n=n, nq=qweight[0])
-    kblocks = ("ku", "t")
+    kblocks = ("ks", "h")  # 64-column K blocks: qweight's block axis, int4 activation scales
+    x_scales = ("ks",) if act_group(act_format) == svdq_layout.KERNEL_K_MULTIPLE else kblocks  # fp8: one per stage
     return _rule(
         [
-            [("ku", "t", "kk")], [("ku",)], [("r",)], [qn, kblocks, ("c",)], [nf, kblocks], [("r",), nf],
+            [("ks", "h", "kk")], [x_scales], [("r",)], [qn, kblocks, ("c",)], [("ks",), nf, ("h",)], [("r",), nf],
             [nf if alpha[0] else ("a0",)], [nf if bias[0] else ("b0",)],
         ],
         [[nf]],
         sizes | dict(a0=0, b0=0),
         batched=[True, True, True, False, False, False, False, False, True],
-        reduction=("ku",), replicated=("t", "kk", "r", "c", "bn", "nq", "a0", "b0"),
+        reduction=("ks",), replicated=("h", "kk", "r", "c", "bn", "nq", "a0", "b0"),
     )
 
 
@@ -277,11 +277,11 @@ def _w4a4_gemm_partition(bind, params, mesh, arg_shapes):
     n_axes, k_axes, byte_axes = _dim_axes(qweight)
     if byte_axes:
         _fail(op, f"qweight's last axis (the bytes of a 64 x 64 block) must not be sharded, got {qweight.sharding.spec}")
-    n, k = wscales.shape[0], wscales.shape[1] * svdq.GROUP_SIZE
-    group, shards_k, shards_n = act_group(act_format), _size(mesh, k_axes), _size(mesh, n_axes)
-    if k % (group * shards_k):
-        _fail(op, f"K (in_features) must be a multiple of {group * shards_k} ({group}-wide {act_format} activation "
-                  f"groups x {shards_k} shards of {k_axes}) to shard qweight's K blocks, got {k}")
+    n, k = wscales.shape[1], wscales.shape[0] * svdq_layout.KERNEL_K_MULTIPLE
+    stage, shards_k, shards_n = svdq_layout.KERNEL_K_MULTIPLE, _size(mesh, k_axes), _size(mesh, n_axes)
+    if k % (stage * shards_k):
+        _fail(op, f"K (in_features) must be a multiple of {stage * shards_k} ({stage}-column stages of the prepacked "
+                  f"weight scales x {shards_k} shards of {k_axes}) to shard qweight's K blocks, got {k}")
     if n % (svdq_layout.BLOCK_N * shards_n):
         _fail(op, f"N (out_features) must be a multiple of {svdq_layout.BLOCK_N * shards_n} (64-row blocks x "
                   f"{shards_n} shards of {n_axes}) to shard qweight's N blocks, got {n}")
@@ -290,8 +290,8 @@ def _w4a4_gemm_partition(bind, params, mesh, arg_shapes):
     def vector(v):
         return P(nn) if v.shape[0] else P(None)
 
-    args = (P(*lead, kk), P(*lead, kk), P(*lead, None), P(nn, kk, None), P(nn, kk), P(None, nn), vector(alpha),
-            vector(bias))
+    args = (P(*lead, kk), P(*lead, kk), P(*lead, None), P(nn, kk, None), P(kk, nn, None), P(None, nn),
+            vector(alpha), vector(bias))
 
     def local(*operands):
         if not k_axes:

@@ -24,7 +24,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_w4a4 import budget, reference
-from jax_w4a4.formats import svdq, svdq_layout, w4a16, w4a16_layout
+from jax_w4a4.formats import svdq_layout, w4a16, w4a16_layout
 from jax_w4a4.ops import _library, checks, partitioning
 
 ShapedArray = jax.core.ShapedArray
@@ -181,19 +181,21 @@ def act_quant(
 def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
     op = "w4a4_gemm"
     checks.one_of(op, "act_format", act_format, reference.ACT_FORMATS)
-    checks.ndim_is(op, "wscales", wscales, 2)
-    checks.dtype_in(op, "wscales", wscales, checks.HALF_DTYPES)
-    n, k = wscales.shape[0], wscales.shape[1] * svdq.GROUP_SIZE
-    group = _act_group(act_format)
-    checks.multiple_of(op, "K (64 * wscales.shape[1])", k, group, f" for act_format={act_format!r}")
-    checks.dtype_in(op, "qweight", qweight, [svdq_layout.PREPACKED_DTYPE])
-    checks.shape_is(op, "qweight (prepacked, formats.svdq_layout)", qweight, svdq_layout.prepacked_shape(n, k))
-    out_dtype = wscales.dtype
     for name, value in (("q_x", q_x), ("s_x", s_x), ("la", la)):
         checks.at_least_1d(op, name, value)
     lead = checks.same_leading_dims(op, ("q_x", "s_x", "la"), (q_x, s_x, la))
+    checks.ndim_is(op, "wscales", wscales, 3)
+    checks.dtype_in(op, "wscales", wscales, checks.HALF_DTYPES)
+    n, k = wscales.shape[1], q_x.shape[-1]
+    group = _act_group(act_format)
+    checks.multiple_of(op, "K (q_x.shape[-1])", k, svdq_layout.KERNEL_K_MULTIPLE,
+                       " (the prepacked weight scales hold the two 64-column groups of every 128 columns)")
+    checks.shape_is(op, "wscales (prepacked, formats.svdq_layout.prepack_scales)", wscales,
+                    svdq_layout.prepacked_scales_shape(n, k))
+    checks.dtype_in(op, "qweight", qweight, [svdq_layout.PREPACKED_DTYPE])
+    checks.shape_is(op, "qweight (prepacked, formats.svdq_layout)", qweight, svdq_layout.prepacked_shape(n, k))
+    out_dtype = wscales.dtype
     checks.dtype_in(op, "q_x", q_x, [jnp.uint8])
-    checks.shape_is(op, "q_x", q_x, (*lead, k))
     checks.shape_is(op, "s_x", s_x, (*lead, k // group))
     checks.dtype_in(op, "s_x", s_x, [jnp.float32] if act_format == "fp8" else [out_dtype])
     checks.ndim_is(op, "lora_up", lora_up, 2)
@@ -209,25 +211,24 @@ def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *,
 
 
 W4A4_TILE_N = 128
-W4A4_TILE_K = 128
 
 
 def _w4a4_gemm_kernel_checks(q_x, s_x, la, qweight, wscales, *rest, act_format):
     op = "w4a4_gemm"
     why = " (the CUDA kernel's tile; pad the layer or run it on CPU)"
-    checks.multiple_of(op, "N (wscales.shape[0])", wscales.shape[0], W4A4_TILE_N, why)
-    checks.multiple_of(op, "K (64 * wscales.shape[1])", wscales.shape[1] * svdq.GROUP_SIZE, W4A4_TILE_K, why)
+    checks.multiple_of(op, "N (wscales.shape[1])", wscales.shape[1], W4A4_TILE_N, why)
 
 
 def _w4a4_gemm_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
-    n, k = wscales.shape[0], wscales.shape[1] * svdq.GROUP_SIZE
+    n, k = wscales.shape[1], q_x.shape[-1]
     qweight = svdq_layout.unprepack(qweight, n, k)
+    wscales = svdq_layout.unprepack_scales(wscales)
     return reference.w4a4_gemm(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, act_format=act_format)
 
 
 def _w4a4_gemm_workspace(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
     num_sms = _library.cuda_sm_count()
-    m, n, k = math.prod(q_x.shape[:-1]), wscales.shape[0], q_x.shape[-1]
+    m, n, k = math.prod(q_x.shape[:-1]), wscales.shape[1], q_x.shape[-1]
     return budget.w4a4_workspace_bytes(m, n, k, num_sms=num_sms), {"num_sms": num_sms}
 
 
@@ -260,8 +261,10 @@ def w4a4_gemm(
 ) -> jax.Array:
     """W4A4 GEMM with per-group scales, fused low-rank up projection, per-column α and bias β.
 
-    ``qweight`` is in the prepacked layout of :mod:`jax_w4a4.formats.svdq_layout` (what the sm90 kernel's
-    16-byte fragment loads read); the reference path unprepacks it.
+    ``qweight`` and ``wscales`` are in the kernel layouts of :mod:`jax_w4a4.formats.svdq_layout`
+    (``prepack``: what the sm90 kernel's 16-byte fragment loads read; ``prepack_scales``: ``(K/128, N, 2)``,
+    one contiguous row of scales per 128-column K-stage); the reference path unprepacks both. K is a
+    multiple of 128.
 
     See :func:`jax_w4a4.reference.w4a4_gemm` for the math and ``docs/layouts.md`` for the layouts.
     """

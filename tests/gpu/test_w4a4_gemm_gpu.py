@@ -1,7 +1,8 @@
 """w4a4_gemm on the GPU through the warp-specialized sm90 kernel (csrc/kernels/sm90/w4a4_gemm.cu).
 
 The activations come from ``reference.act_quant`` on random X, the weights from
-``formats.svdq.quantize_weights`` then ``formats.svdq_layout.prepack`` (the kernel layout); the reference
+``formats.svdq.quantize_weights`` then ``formats.svdq_layout.prepack`` / ``prepack_scales`` (the kernel
+layouts); the reference
 ``jax_w4a4.reference.w4a4_gemm`` runs on the CPU backend on the very same quantized arrays (logical
 weights), so a failure here is the GEMM's. The cases cover every token tile (16, 32: one CTA; 64, 128:
 clusters of 2 with the multicast token operand), masked token tails (a tile's second half partly and
@@ -93,6 +94,11 @@ def _relative_error(y, ref):
     return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
 
 
+def _kernel_layouts(qweight, wscales):
+    """The logical weights and scales in the layouts the kernel reads (formats.svdq_layout)."""
+    return svdq_layout.prepack(qweight), svdq_layout.prepack_scales(wscales)
+
+
 def _cpu_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, act_format):
     cpu = jax.devices("cpu")[0]
     args = jax.device_put((q_x, s_x, la, qweight, wscales, lora_up, alpha, bias), cpu)
@@ -107,8 +113,7 @@ def test_w4a4_gemm_sm90_matches_reference(case):
     q_x, s_x, la, qweight, wscales, lora_up, alpha, bias = _make_inputs(
         key, m=m, n=n, k=k, rank=rank, dtype=dtype, act_format=act_format)
     alpha, bias = (alpha, bias) if affine else (None, None)
-    prepacked = svdq_layout.prepack(qweight)
-    args = (q_x, s_x, la, prepacked, wscales, lora_up, alpha, bias)
+    args = (q_x, s_x, la, *_kernel_layouts(qweight, wscales), lora_up, alpha, bias)
     gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format=act_format)).lower(*args).compile()
 
     _poison_output_memory((m, n), dtype)
@@ -152,7 +157,7 @@ def test_stream_k_flags_are_rearmed():
                 jax.random.key(100 * seed + m), m=m, n=8192, k=8192, rank=32, dtype=BF16, act_format="int4")
             gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format="int4"))
             _poison_output_memory((m, 8192), BF16)
-            y = np.asarray(gemm(q_x, s_x, la, svdq_layout.prepack(qweight), wscales, lora_up, alpha, bias), np.float32)
+            y = np.asarray(gemm(q_x, s_x, la, *_kernel_layouts(qweight, wscales), lora_up, alpha, bias), np.float32)
             ref = _cpu_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, "int4")
             assert np.isfinite(y).all() and _relative_error(y, ref) < TOLERANCE[BF16], (seed, m)
     assert _library.armed_arrival_counters() == 0
@@ -165,7 +170,7 @@ def test_w4a4_gemm_sm90_is_deterministic(m):
     q_x, s_x, la, qweight, wscales, lora_up, alpha, bias = _make_inputs(
         jax.random.key(11), m=m, n=3072, k=4096, rank=32, dtype=BF16, act_format="int4")
     gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format="int4"))
-    args = (q_x, s_x, la, svdq_layout.prepack(qweight), wscales, lora_up, alpha, bias)
+    args = (q_x, s_x, la, *_kernel_layouts(qweight, wscales), lora_up, alpha, bias)
     first = np.asarray(gemm(*args))
     for _ in range(3):
         np.testing.assert_array_equal(np.asarray(gemm(*args)), first)

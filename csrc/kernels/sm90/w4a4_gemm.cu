@@ -36,9 +36,11 @@
 //
 // Warp roles (384 threads = 3 warpgroups; setmaxnreg moves registers to the MMA warps):
 //   warpgroup 0, producers, setmaxnreg.dec 40:
-//     warp 0    main pipeline: TMA of the weight tile and its half of the token tile (multicast),
-//               cp.async of the weight and activation scale rows (4 bytes per row and stage: TMA boxes
-//               need 16-byte rows, so the scales go through cp.async with mbarrier completion)
+//     warp 0    main pipeline: TMA of the weight tile (L2 evict-first when there is one token tile: each
+//               weight is read once), one bulk copy of its stage-major weight scales (512 contiguous bytes,
+//               formats/svdq_layout.py), TMA of its half of the token tile (multicast), cp.async of the
+//               activation-scale rows (4 bytes per token and stage in act_quant's layout: TMA boxes need
+//               16-byte rows, so they go through cp.async with mbarrier completion)
 //     warp 1    low-rank pipeline: TMA of the L_up chunk, its half of the LA chunk (multicast), α/β
 //     warps 2-3 convert the LA chunk fp32 -> output dtype into the swizzled wgmma B buffer
 //   warpgroups 1-2, consumers, setmaxnreg.inc 232 (96 with two CTAs per SM: ConsumerRegisters): 64
@@ -95,8 +97,9 @@
 //
 // Life of main stage s (phase bit ph = number of completed uses of s, mod 2):
 //   producer warp 0: wait empty[s] (parity ph^1: the previous use is released; a fresh barrier passes);
-//     lane 0: arrive.expect_tx(full[s], weights + whole token tile) [arrival 1 of 33], TMA weights,
-//     TMA its token half (multicast); lanes 0-31: cp.async scale rows, then
+//     lane 0: arrive.expect_tx(full[s], weights + weight scales + whole token tile) [arrival 1 of 33],
+//     TMA weights, bulk copy of the weight scales, TMA its token half (multicast); lanes 0-31: cp.async
+//     activation-scale rows, then
 //     cp.async.mbarrier.arrive.noinc(full[s]) [arrivals 2..33, each when the lane's copies landed].
 //   full[s] (count 33, + tx bytes): completes phase ph when the 33 arrivals and all the bytes (own
 //     and the peer's multicast half) are in. The peer's bytes may land before our expect_tx: the
@@ -124,7 +127,7 @@
 //   tokens  cluster  CTAs/SM  main stages  low-rank stages  total
 //      8       1        2          7             2          114304 B
 //     16       1        2          5             2          107776 B
-//     32       1        1          8             2          173312 B
+//     32       1        1          8             2          176384 B   (16-byte activation-scale rows)
 //     64       2        1          7             2          226048 B   (16-byte activation-scale rows)
 //    128       2        1          4             2          209024 B   (of 231424: 227 KB less the slack)
 // Two CTAs per SM (8- and 16-token tiles, W4A4CtasPerSm): each plan is solved against half the SM
@@ -272,11 +275,11 @@ struct Config {
   static constexpr int kStagingBytes = kTileM * kTileN * 2;
   static constexpr int kBarriers = 2 * kStages + 3 * kLoraStages;  // full, empty | full, converted, empty
 
-  // What a main stage delivers: TMA bytes (counted by the full barrier's tx-count) + cp.async bytes
-  // (counted by the 32 arrivals of cp.async.mbarrier.arrive.noinc).
-  static constexpr int kMainTmaTxBytes = kWeightBytes + kActBytes;
-  static constexpr int kMainCpAsyncBytes = kWeightScaleBytes + kActScaleBytes;
-  static constexpr int kMainTmaIssuedBytes = kWeightBytes + kActHalfBytes;
+  // What a main stage delivers: TMA bytes (tensor and bulk copies, counted by the full barrier's tx-count)
+  // + cp.async bytes (the activation scales, counted by the 32 arrivals of cp.async.mbarrier.arrive.noinc).
+  static constexpr int kMainTmaTxBytes = kWeightBytes + kWeightScaleBytes + kActBytes;
+  static constexpr int kMainCpAsyncBytes = kActScaleBytes;
+  static constexpr int kMainTmaIssuedBytes = kWeightBytes + kWeightScaleBytes + kActHalfBytes;
   static constexpr int kMainFullArrivals = 1 + 32;
   static constexpr int kMainEmptyArrivals = kConsumerWarps * kCluster;
   static constexpr int kLoraFullArrivals = 1;
@@ -330,14 +333,16 @@ struct Config {
   static_assert(kCorrectionBytes == 0 || kCorrectionBytes == 16 * kConsumerThreads,
                 "one warpgroup fills the correction tile, 16 bytes a thread");
   // The byte accounting of a main stage: what the full barrier waits for is the plan's tx bytes, and
-  // what this CTA's TMA issues is the plan's issue split (the scales, by cp.async, are not split).
+  // what this CTA's TMA issues is the plan's issue split (the activation scales, by cp.async, are not split).
   static_assert(kMainTmaTxBytes + kMainCpAsyncBytes == kPlan.main_stage_tx_bytes(), "main stage tx bytes");
   static_assert(kMainTmaTxBytes == kPlan.objects[kObjWeights].expected_tx_bytes() +
+                                       kPlan.objects[kObjWeightScales].expected_tx_bytes() +
                                        kPlan.objects[kObjActivations].expected_tx_bytes());
   static_assert(kMainTmaIssuedBytes == kPlan.objects[kObjWeights].issued_bytes(kCluster) +
+                                           kPlan.objects[kObjWeightScales].issued_bytes(kCluster) +
                                            kPlan.objects[kObjActivations].issued_bytes(kCluster));
-  static_assert(kMainCpAsyncBytes == kPlan.objects[kObjWeightScales].expected_tx_bytes() +
-                                       kPlan.objects[kObjActScales].expected_tx_bytes());
+  static_assert(kMainCpAsyncBytes == kPlan.objects[kObjActScales].expected_tx_bytes());
+  static_assert(kWeightScaleBytes % 16 == 0, "the weight scales of a stage are one bulk copy (16-byte multiple)");
   static_assert(kLoraUpBytes + kLaF32Bytes + kAlphaBytes + kBiasBytes < (1 << 20), "mbarrier tx-count range");
 };
 
@@ -384,7 +389,7 @@ struct Smem {
 
 struct KernelParams {
   const uint8_t* s_x;      // activation scales, (m, k/32) bytes per token row
-  const uint8_t* wscales;  // weight scales, (n, k/32) bytes per column row
+  const uint8_t* wscales;  // weight scales, stage-major: k/128 rows of n x 4 bytes (2 groups per column)
   const float* alpha;      // nullptr when absent
   const void* bias;        // nullptr when absent
   int m;
@@ -472,12 +477,25 @@ __device__ __forceinline__ void TmaLoad2dMulticast(const CUtensorMap& map, uint3
       : "memory");
 }
 
-__device__ __forceinline__ void TmaLoad3d(const CUtensorMap& map, uint32_t dst, uint32_t bar, int c0, int c1, int c2) {
+__device__ __forceinline__ void TmaLoad3d(const CUtensorMap& map, uint32_t dst, uint32_t bar, int c0, int c1, int c2,
+                                          uint64_t l2_policy) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
-      "l"(MapAddr(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
+      "l"(MapAddr(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(l2_policy)
       : "memory");
+}
+
+// L2 policies for the weight stream: evict-first when every weight is read once (one token tile), so the
+// stream does not push the scales, activations and outputs out of L2; normal when other token tiles re-read it.
+__device__ __forceinline__ uint64_t WeightL2Policy(bool read_once) {
+  uint64_t policy;
+  if (read_once) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  }
+  return policy;
 }
 
 __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
@@ -1007,17 +1025,15 @@ template <class C>
 __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, const KernelParams& p, uint32_t smem,
                             Barriers<C> bar, uint32_t cta_rank, int lane) {
   using L = Smem<C>;
-  const int scale_row_bytes = p.k / 32;  // (k/64) x 16-bit or (k/128) x fp32
+  const int scale_row_bytes = p.k / 32;  // activation scales: (k/64) x 16-bit or (k/128) x fp32 per token
+  const uint64_t weight_policy = WeightL2Policy(p.m_tiles == 1);
   PipeState<C::kStages> state;
   Segment seg;
   for (bool more = FirstSegment<C>(p, seg); more; more = NextSegment<C>(p, seg)) {
     const Tile tile = TileAt<C>(seg.ct, p, cta_rank);
     const int halves = TokenHalvesInBounds<C>(tile, p);
     const bool issue_half = static_cast<int>(cta_rank) < halves;
-    const uint32_t tx = (tile.valid ? C::kWeightBytes : 0) + halves * C::kActHalfBytes;
-    // This lane's first scale rows; a phantom tile reads nothing (row 0, size 0).
-    const uint8_t* wscale_rows = p.wscales + (tile.valid ? int64_t{tile.n0 + lane} * scale_row_bytes : 0);
-    const int wscale_step = tile.valid ? 32 * scale_row_bytes : 0;
+    const uint32_t tx = (tile.valid ? C::kWeightBytes + C::kWeightScaleBytes : 0) + halves * C::kActHalfBytes;
     const uint8_t* xscale_rows = p.s_x + int64_t{tile.m0 + lane} * scale_row_bytes;
     for (int ks = seg.ks_begin; ks < seg.ks_end; ++ks) {
       const int s = state.index;
@@ -1027,7 +1043,11 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
         MbarArriveExpectTx(full, tx);
         if (tile.valid) {
           // Prepacked (k/64 blocks of 2048 B) x (n/64): box (2048 B, 2 groups, 2 warpgroups).
-          TmaLoad3d(tm_w, smem + L::kWeights + s * L::Stride(kObjWeights), full, 0, 2 * ks, tile.n0 / 64);
+          TmaLoad3d(tm_w, smem + L::kWeights + s * L::Stride(kObjWeights), full, 0, 2 * ks, tile.n0 / 64,
+                    weight_policy);
+          // Stage-major scales: the tile's [column][group 0, group 1] rows of stage ks are contiguous.
+          BulkLoad(smem + L::kWeightScales + s * L::Stride(kObjWeightScales),
+                   p.wscales + (int64_t{ks} * p.n + tile.n0) * 4, C::kWeightScaleBytes, full);
         }
         if (issue_half) {
           const uint32_t dst = smem + L::kActivations + s * L::Stride(kObjActivations) + cta_rank * C::kActHalfBytes;
@@ -1039,14 +1059,8 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
           }
         }
       }
-      // Scale rows, 4 bytes per row and stage: [column][group 0, group 1] and [token][2 x 16-bit | fp32].
-      // Rolled loops over the rows of this lane: few live registers in the 40-register producer.
-      const uint32_t wscale_dst = smem + L::kWeightScales + s * L::Stride(kObjWeightScales) + 4 * lane;
-      const uint8_t* wscale_src = wscale_rows + 4 * ks;
-#pragma unroll 1
-      for (int r = lane; r < C::kTileN; r += 32, wscale_src += wscale_step) {
-        CpAsync4(wscale_dst + 4 * (r - lane), wscale_src, tile.valid ? 4 : 0);
-      }
+      // Activation scale rows, 4 bytes per token and stage ([token][2 x 16-bit | fp32]), from the (m, k/64)
+      // or (m, k/128) layout act_quant writes. A rolled loop: few live registers in the 40-register producer.
       const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + C::kActScalePitch * lane;
       const uint8_t* xscale_src = xscale_rows + 4 * ks;
 #pragma unroll 1

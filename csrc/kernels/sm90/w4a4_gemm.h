@@ -18,7 +18,7 @@ struct W4A4GemmSm90Args {
   const void* s_x;         // (m, k/64) out dtype (int4/uint4) or (m, k/128) fp32 (fp8)
   const float* la;         // (m, rank) fp32; unused when rank == 0
   const uint8_t* qweight;  // prepacked (n/64, k/64, 2048) uint8: formats/svdq_layout.py
-  const void* wscales;     // (n, k/64) out dtype
+  const void* wscales;     // prepacked stage-major (k/128, n, 2) out dtype: formats/svdq_layout.py
   const void* lora_up;     // (rank, n) out dtype; unused when rank == 0
   const float* alpha;      // (n,) fp32 or nullptr
   const void* bias;        // (n,) out dtype or nullptr
