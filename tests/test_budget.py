@@ -279,17 +279,18 @@ def test_w4a4_stream_k_workspace_follows_the_launch_plan():
     the CTAs (stream-K): their workspace is one fp32 partial tile (128 columns x the token tile) per CTA
     (the flags that publish them are arrival counters, csrc/common/arrival_counters.h). Other launches
     need none."""
-    # Up to 16 tokens two CTAs per SM (264 CTAs); 32 tokens: 132 CTAs.
+    # Up to 16 tokens two CTAs per SM (264 CTAs); 32 and 64 tokens: 132 CTAs.
     # 1 x 28672 x 8192: 8-token tile, 224 column tiles on 264 CTAs.
     assert budget.w4a4_workspace_bytes(1, 28672, 8192, num_sms=132) == 264 * 128 * 8 * 4
     assert budget.w4a4_workspace_bytes(16, 28672, 8192, num_sms=132) == 264 * 128 * 16 * 4
     # 32-token tile: 224 column tiles on 132 CTAs (2 rounds where 1.7 would do).
     assert budget.w4a4_workspace_bytes(20, 28672, 8192, num_sms=132) == 132 * 128 * 32 * 4
+    assert budget.w4a4_workspace_bytes(33, 28672, 8192, num_sms=132) == 132 * 128 * 64 * 4
     # 64 column tiles of 8192: fewer tiles than CTAs, also dealt over all of them.
     assert budget.w4a4_workspace_bytes(1, 8192, 8192, num_sms=132) == 264 * 128 * 8 * 4
-    # No stream-K: tiles that divide over the CTAs, the cluster tiles (M > 32), or too little work per CTA.
+    # No stream-K: tiles that divide over the CTAs, the cluster tiles (M > 64), or too little work per CTA.
     assert budget.w4a4_workspace_bytes(1, 128 * 264, 8192, num_sms=132) == 0
     assert budget.w4a4_workspace_bytes(20, 128 * 132, 8192, num_sms=132) == 0
-    assert budget.w4a4_workspace_bytes(33, 28672, 8192, num_sms=132) == 0
+    assert budget.w4a4_workspace_bytes(65, 28672, 8192, num_sms=132) == 0
     assert budget.w4a4_workspace_bytes(1, 128, 128, num_sms=132) == 0
     assert budget.w4a4_workspace_bytes(0, 28672, 8192, num_sms=132) == 0

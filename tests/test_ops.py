@@ -245,12 +245,12 @@ def test_library_table_matches_the_binary():
 def test_w4a4_lowering_adds_the_stream_k_workspace():
     """w4a4's stream-K partials are a second FFI result of the size the launch plan needs (decode shapes
     whose column tiles do not divide over the SMs); other launches get an empty one."""
-    n, k, r = 1024, 17408, 32  # 8 column tiles x 136 k-stages: stream-K at M <= 16 on 132 SMs (264 CTAs)
+    n, k, r = 1024, 17408, 32  # 8 column tiles x 136 k-stages: stream-K at M <= 64 on 132 SMs
     sds = jax.ShapeDtypeStruct
     weights = (sds(svdq_layout.prepacked_shape(n, k), jnp.uint8), sds(svdq_layout.prepacked_scales_shape(n, k), BF16),
                sds((r, n), BF16))
     sizes = {}
-    for m in (1, 64):
+    for m in (1, 128):
         tokens = (sds((m, k), jnp.uint8), sds((m, k // 64), BF16), sds((m, r), jnp.float32))
         lowered = jax.jit(functools.partial(ops.w4a4_gemm, act_format="int4")).trace(*tokens, *weights).lower(
             lowering_platforms=("cuda",)
@@ -258,4 +258,4 @@ def test_w4a4_lowering_adds_the_stream_k_workspace():
         sizes[m] = budget.w4a4_workspace_bytes(m, n, k, num_sms=_library.cuda_sm_count())
         assert f"-> (tensor<{m}x{n}xbf16>, tensor<{sizes[m]}xui8>)" in lowered.as_text()
         assert lowered.out_info.shape == (m, n)
-    assert sizes[1] > 0 and sizes[64] == 0
+    assert sizes[1] > 0 and sizes[128] == 0

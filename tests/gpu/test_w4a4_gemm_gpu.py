@@ -4,11 +4,11 @@ The activations come from ``reference.act_quant`` on random X, the weights from
 ``formats.svdq.quantize_weights`` then ``formats.svdq_layout.prepack`` / ``prepack_scales`` (the kernel
 layouts); the reference
 ``jax_w4a4.reference.w4a4_gemm`` runs on the CPU backend on the very same quantized arrays (logical
-weights), so a failure here is the GEMM's. The cases cover every token tile (16, 32: one CTA; 64, 128:
-clusters of 2 with the multicast token operand), masked token tails (a tile's second half partly and
-wholly past M), the phantom column tile of an odd tile count, several tiles per persistent CTA, decode
-launches dealt over the CTAs by stream-K (tiles cut over up to ~6 CTAs whose partials the finishing CTA
-adds: M = 1, 7, 13, 16, 20 on ~132 SMs, see W4A4UsesStreamK), long K
+weights), so a failure here is the GEMM's. The cases cover every token tile (8 to 64: one CTA; 128:
+clusters of 2 with the multicast token operand), masked token tails (a tile partly past M; a cluster's
+second half wholly past M), the phantom column tile of an odd tile count, several tiles per persistent
+CTA, decode launches dealt over the CTAs by stream-K (tiles cut over up to ~6 CTAs whose partials the
+finishing CTA adds: M = 1, 7, 13, 16, 20, 40, 64 on ~132 SMs, see W4A4UsesStreamK), long K
 (the stage ring wraps many times), low-rank chunks (none, partial, several per tile), α/β present or
 absent, bf16 and fp16, and the three activation formats. Checks: every element finite (the output memory
 is poisoned with NaN before the run: a freed NaN buffer of the same size, which XLA's allocator hands out
@@ -46,9 +46,9 @@ CASES = [
     (16, 3072, 3072, 16, False, F16, "int4"),        # 16-token tile, full
     (9, 128, 128, 0, True, BF16, "uint4"),           # 16-token tile, one K stage, no low rank
     (20, 28672, 1024, 32, True, F16, "int4"),        # 32-token tile, 224 column tiles: 2 per CTA
-    (40, 4096, 4096, 128, False, BF16, "uint4"),     # 64-token tile (cluster): second half partly past M
-    (64, 12288, 3072, 32, True, F16, "fp8"),         # 64-token tile, full
-    (64, 128, 128, 0, True, BF16, "int4"),           # cluster with a phantom column tile (1 tile of 128)
+    (40, 4096, 4096, 128, False, BF16, "uint4"),     # 64-token tile, stream-K, partly past M
+    (64, 12288, 3072, 32, True, F16, "fp8"),         # 64-token tile, full, stream-K
+    (64, 128, 128, 0, True, BF16, "int4"),           # 64-token tile, one column tile, one K stage
     (150, 3072, 3072, 16, True, BF16, "fp8"),        # 128-token tile: last tile's second half wholly past M
     (333, 4096, 4096, 128, True, F16, "int4"),       # 128-token tile, 3 token tiles, 4 low-rank chunks
     (333, 128, 128, 32, False, F16, "fp8"),          # 128-token tile with a phantom column tile
@@ -151,7 +151,7 @@ def test_stream_k_flags_are_rearmed():
     leave them at 0 (a flag left set lets a finisher add a partial before it is written). The same call
     sites run on new data each time and match the reference; then every counter reads back 0."""
     for seed in range(3):
-        for m in (1, 16, 20):  # the 8-, 16- and 32-token tiles, all stream-K at 8192 x 8192
+        for m in (1, 16, 20, 64):  # the 8-, 16-, 32- and 64-token tiles, all stream-K at 8192 x 8192
             assert budget.w4a4_workspace_bytes(m, 8192, 8192, num_sms=_library.cuda_sm_count()) > 0
             q_x, s_x, la, qweight, wscales, lora_up, alpha, bias = _make_inputs(
                 jax.random.key(100 * seed + m), m=m, n=8192, k=8192, rank=32, dtype=BF16, act_format="int4")

@@ -58,7 +58,7 @@
 // Consumer -> producer releases of a peer CTA's stage are mbarrier.arrive.shared::cluster with the default
 // (.release.cta) semantics: the consumer only read the stage. With .release.cluster ptxas emitted MEMBAR.ALL.GPU
 // before every remote arrive (56K of the kernel's 359K stall samples; 3.20 -> 2.37 ms at 8192^3 without it).
-// Cluster of 2 CTAs along N (the 64- and 128-token tiles): the token operand (activations, LA) is
+// Cluster of 2 CTAs along N (the 128-token tile): the token operand (activations, LA) is
 // shared; each CTA issues half of the rows with .multicast::cluster into both CTAs' shared memory, so
 // every CTA holds the whole tile and every CTA's full barrier expects the whole tile's bytes
 // (W4A4Plan: footprint replicated, issue split, barrier expects all; static_asserts below). A consumer
@@ -128,7 +128,7 @@
 //      8       1        2          7             2          114304 B
 //     16       1        2          5             2          107776 B
 //     32       1        1          8             2          176384 B   (16-byte activation-scale rows)
-//     64       2        1          7             2          226048 B   (16-byte activation-scale rows)
+//     64       1        1          7             2          226048 B   (16-byte activation-scale rows)
 //    128       2        1          4             2          209024 B   (of 231424: 227 KB less the slack)
 // Two CTAs per SM (8- and 16-token tiles, W4A4CtasPerSm): each plan is solved against half the SM
 // (114688 B with the slack and the driver's 1 KB), registers 80 per thread at launch, so setmaxnreg
@@ -1749,7 +1749,7 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_la, tm_up, tm_y, p);
 }
 
-// Token tile by M (the plan's kW4A4Shapes order): 8, 16, 32, 64 (cluster 2) or 128 (cluster 2).
+// Token tile by M (the plan's kW4A4Shapes order): 8, 16, 32, 64 or 128 (cluster 2).
 template <class OutT, bool kFp8Act>
 cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   switch (W4A4ShapeIndexForTokens(args.m)) {
