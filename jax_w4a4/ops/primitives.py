@@ -181,21 +181,21 @@ def act_quant(
 def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
     op = "w4a4_gemm"
     checks.one_of(op, "act_format", act_format, reference.ACT_FORMATS)
-    for name, value in (("q_x", q_x), ("s_x", s_x), ("la", la)):
-        checks.at_least_1d(op, name, value)
-    lead = checks.same_leading_dims(op, ("q_x", "s_x", "la"), (q_x, s_x, la))
-    checks.ndim_is(op, "wscales", wscales, 3)
+    # The prepacked weight scales (K/128, N, 2) give N and K (so K is a multiple of 128).
+    checks.ndim_is(op, "wscales (prepacked, formats.svdq_layout.prepack_scales)", wscales, 3)
     checks.dtype_in(op, "wscales", wscales, checks.HALF_DTYPES)
-    n, k = wscales.shape[1], q_x.shape[-1]
-    group = _act_group(act_format)
-    checks.multiple_of(op, "K (q_x.shape[-1])", k, svdq_layout.KERNEL_K_MULTIPLE,
-                       " (the prepacked weight scales hold the two 64-column groups of every 128 columns)")
+    n, k = wscales.shape[1], wscales.shape[0] * svdq_layout.KERNEL_K_MULTIPLE
     checks.shape_is(op, "wscales (prepacked, formats.svdq_layout.prepack_scales)", wscales,
                     svdq_layout.prepacked_scales_shape(n, k))
     checks.dtype_in(op, "qweight", qweight, [svdq_layout.PREPACKED_DTYPE])
     checks.shape_is(op, "qweight (prepacked, formats.svdq_layout)", qweight, svdq_layout.prepacked_shape(n, k))
     out_dtype = wscales.dtype
+    for name, value in (("q_x", q_x), ("s_x", s_x), ("la", la)):
+        checks.at_least_1d(op, name, value)
+    lead = checks.same_leading_dims(op, ("q_x", "s_x", "la"), (q_x, s_x, la))
+    group = _act_group(act_format)
     checks.dtype_in(op, "q_x", q_x, [jnp.uint8])
+    checks.shape_is(op, "q_x", q_x, (*lead, k))
     checks.shape_is(op, "s_x", s_x, (*lead, k // group))
     checks.dtype_in(op, "s_x", s_x, [jnp.float32] if act_format == "fp8" else [out_dtype])
     checks.ndim_is(op, "lora_up", lora_up, 2)
@@ -220,7 +220,7 @@ def _w4a4_gemm_kernel_checks(q_x, s_x, la, qweight, wscales, *rest, act_format):
 
 
 def _w4a4_gemm_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
-    n, k = wscales.shape[1], q_x.shape[-1]
+    n, k = wscales.shape[1], wscales.shape[0] * svdq_layout.KERNEL_K_MULTIPLE
     qweight = svdq_layout.unprepack(qweight, n, k)
     wscales = svdq_layout.unprepack_scales(wscales)
     return reference.w4a4_gemm(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, act_format=act_format)
