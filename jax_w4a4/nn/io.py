@@ -22,6 +22,7 @@ import numpy as np
 import safetensors.numpy
 from flax import nnx
 
+from jax_w4a4.formats import svdq_layout
 from jax_w4a4.nn.linear import QuantizedLinear
 from jax_w4a4.nn.model import node_at, path_string, replace_at
 from jax_w4a4.quantize.layer import QuantConfig
@@ -31,6 +32,7 @@ M = TypeVar("M", bound=nnx.Module)
 
 FORMAT = "jax_w4a4.nn"
 VERSION = 2  # 2: svdq weight scales in the stage-major kernel layout (formats.svdq_layout.prepack_scales)
+READABLE_VERSIONS = (1, VERSION)  # version 1 files are migrated as they load (_migrate_v1)
 TENSORS_FILE = "model.safetensors"
 CONFIG_FILE = "quantization.json"
 WEIGHT_TYPES = {cls.__name__: cls for cls in (SVDQuantWeights, W4A16Weights, FakeQuantFP4Weights)}
@@ -93,22 +95,34 @@ def _weights_from(name: str, entry: dict[str, Any], tensors: dict[str, np.ndarra
     return cls(**values)
 
 
+def _migrate_v1(config: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+    """Version 1 stored the svdq weight scales in their logical ``(N, K/64)`` layout; the weights now hold
+    the kernel's stage-major ``(K/128, N, 2)`` (:func:`jax_w4a4.formats.svdq_layout.prepack_scales`)."""
+    for name, entry in config["layers"].items():
+        key = f"{name}/weights/wscales"
+        if entry["weights"] == SVDQuantWeights.__name__ and key in tensors:
+            tensors[key] = np.asarray(svdq_layout.prepack_scales(tensors[key]))
+
+
 def load_quantized(model: M, directory: str | os.PathLike) -> M:
     """Loads a checkpoint of :func:`save_quantized` into ``model`` in place and returns it.
 
     ``model`` is a freshly built, unquantized model of the same architecture (it may be abstract,
     from ``nnx.eval_shape``): the quantized layers replace its ``nnx.Linear`` at the saved paths,
     and every saved variable is filled from the file. Raises ValueError when the file and the model
-    disagree (missing or extra tensors, shapes, dtypes).
+    disagree (missing or extra tensors, shapes, dtypes). Files of an earlier version are migrated.
     """
     directory = Path(directory)
     config = json.loads((directory / CONFIG_FILE).read_text())
-    if config.get("format") != FORMAT or config.get("version") != VERSION:
+    if config.get("format") != FORMAT or config.get("version") not in READABLE_VERSIONS:
         raise ValueError(
-            f"load_quantized: {directory / CONFIG_FILE} is not a {FORMAT} v{VERSION} config "
-            f"(format={config.get('format')!r}, version={config.get('version')!r})"
+            f"load_quantized: {directory / CONFIG_FILE} is not a {FORMAT} config of version "
+            f"{' or '.join(map(str, READABLE_VERSIONS))} (format={config.get('format')!r}, "
+            f"version={config.get('version')!r})"
         )
     tensors = safetensors.numpy.load_file(directory / TENSORS_FILE)
+    if config["version"] == 1:
+        _migrate_v1(config, tensors)
     paths = {path_string(path): tuple(path) for path, node in nnx.iter_graph(model) if isinstance(node, nnx.Module)}
     for name, entry in config["layers"].items():
         if name not in paths or not isinstance(node_at(model, paths[name]), (nnx.Linear, QuantizedLinear)):
