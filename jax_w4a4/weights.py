@@ -69,12 +69,12 @@ class SVDQuantWeights:
     @property
     def padded_in_features(self) -> int:
         """K of the stored arrays (the kernel's K): ``in_features + in_padding``."""
-        return self.wscales.shape[0] * svdq_layout.KERNEL_K_MULTIPLE
+        return svdq_layout.prepacked_scales_sizes(self.wscales.shape)[1]
 
     @property
     def padded_out_features(self) -> int:
         """N of the stored arrays (the kernel's N): ``out_features + out_padding``."""
-        return self.wscales.shape[1]
+        return svdq_layout.prepacked_scales_sizes(self.wscales.shape)[0]
 
     @property
     def in_features(self) -> int:

@@ -93,6 +93,13 @@ def prepacked_scales_shape(n: int, k: int) -> tuple[int, int, int]:
     return (k // KERNEL_K_MULTIPLE, n, KERNEL_K_MULTIPLE // BLOCK_K)
 
 
+def prepacked_scales_sizes(shape: tuple[int, ...]) -> tuple[int, int]:
+    """``(N, K)`` of prepacked weight scales of ``shape`` ``(K/128, N, 2)``: the inverse of
+    :func:`prepacked_scales_shape`."""
+    stages, n, _ = shape
+    return n, stages * KERNEL_K_MULTIPLE
+
+
 def prepack_scales(wscales: ArrayLike) -> jax.Array:
     """Logical ``(N, K/64)`` weight scales -> the stage-major kernel layout ``(K/128, N, 2)`` (module docstring)."""
     wscales = jnp.asarray(wscales)

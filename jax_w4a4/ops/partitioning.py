@@ -277,7 +277,7 @@ def _w4a4_gemm_partition(bind, params, mesh, arg_shapes):
     n_axes, k_axes, byte_axes = _dim_axes(qweight)
     if byte_axes:
         _fail(op, f"qweight's last axis (the bytes of a 64 x 64 block) must not be sharded, got {qweight.sharding.spec}")
-    n, k = wscales.shape[1], wscales.shape[0] * svdq_layout.KERNEL_K_MULTIPLE
+    n, k = svdq_layout.prepacked_scales_sizes(wscales.shape)
     stage, shards_k, shards_n = svdq_layout.KERNEL_K_MULTIPLE, _size(mesh, k_axes), _size(mesh, n_axes)
     if k % (stage * shards_k):
         _fail(op, f"K (in_features) must be a multiple of {stage * shards_k} ({stage}-column stages of the prepacked "

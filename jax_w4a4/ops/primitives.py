@@ -184,7 +184,7 @@ def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *,
     # The prepacked weight scales (K/128, N, 2) give N and K (so K is a multiple of 128).
     checks.ndim_is(op, "wscales (prepacked, formats.svdq_layout.prepack_scales)", wscales, 3)
     checks.dtype_in(op, "wscales", wscales, checks.HALF_DTYPES)
-    n, k = wscales.shape[1], wscales.shape[0] * svdq_layout.KERNEL_K_MULTIPLE
+    n, k = svdq_layout.prepacked_scales_sizes(wscales.shape)
     checks.shape_is(op, "wscales (prepacked, formats.svdq_layout.prepack_scales)", wscales,
                     svdq_layout.prepacked_scales_shape(n, k))
     checks.dtype_in(op, "qweight", qweight, [svdq_layout.PREPACKED_DTYPE])
@@ -220,7 +220,7 @@ def _w4a4_gemm_kernel_checks(q_x, s_x, la, qweight, wscales, *rest, act_format):
 
 
 def _w4a4_gemm_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
-    n, k = wscales.shape[1], wscales.shape[0] * svdq_layout.KERNEL_K_MULTIPLE
+    n, k = svdq_layout.prepacked_scales_sizes(wscales.shape)
     qweight = svdq_layout.unprepack(qweight, n, k)
     wscales = svdq_layout.unprepack_scales(wscales)
     return reference.w4a4_gemm(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, act_format=act_format)
