@@ -174,21 +174,20 @@ def act_quant_plan(block_rows: int, rank_cap: int) -> ActQuantPlan:
 class ActQuantLaunch:
     """How one act_quant call is launched for ``num_sms`` SMs (PlanActQuantLaunch in act_quant_plan.h): the
     instance (``block_rows``, ``rank_cap``), a grid of ``row_blocks`` x ``k_splits`` CTAs, and what a K split
-    with a low-rank branch needs: fp32 LA partials (the workspace) and one arrival counter per row block
-    (the library's self-re-arming counters, csrc/common/arrival_counters.h)."""
+    with a low-rank branch needs: one arrival counter per row block (the library's self-re-arming counters,
+    csrc/common/arrival_counters.h) and fp32 LA partials (the workspace)."""
 
     block_rows: int
     rank_cap: int
     row_blocks: int
     k_splits: int
-    partials_bytes: int
     arrival_counters: int
     workspace_bytes: int
 
 
 def act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> ActQuantLaunch:
     """The sm90 act_quant launch plan of an (rows, K) input with a rank-``rank`` down projection."""
-    out = (ctypes.c_int64 * 7)()
+    out = (ctypes.c_int64 * 6)()
     _load().JaxW4a4ActQuantLaunch(rows, k, rank, num_sms, out)
     return ActQuantLaunch(*(int(v) for v in out))
 

@@ -184,8 +184,8 @@ def test_act_quant_launch_fills_the_resident_ctas():
     fp32 LA partial; each row block has an arrival counter (outside the workspace)."""
     p = budget.act_quant_launch(4096, 4096, 32, num_sms=132)
     assert (p.block_rows, p.rank_cap, p.row_blocks, p.k_splits) == (64, 32, 64, 8)
-    assert p.partials_bytes == 64 * 8 * 64 * 32 * 4
-    assert p.arrival_counters == 64 and p.workspace_bytes == p.partials_bytes
+    assert p.workspace_bytes == 64 * 8 * 64 * 32 * 4
+    assert p.arrival_counters == 64
     assert p.row_blocks * p.k_splits <= 132 * budget.act_quant_plan(64, 32).ctas_per_sm
     big = budget.act_quant_launch(4096, 12288, 32, num_sms=132)
     assert (big.block_rows, big.row_blocks, big.k_splits) == (64, 64, 8)
@@ -198,7 +198,7 @@ def test_act_quant_launch_small_m_splits_k_wide():
     assert (p.block_rows, p.rank_cap, p.row_blocks, p.k_splits) == (16, 32, 1, 32)
     assert p.workspace_bytes == 32 * 16 * 32 * 4 and p.arrival_counters == 1
     p = budget.act_quant_launch(1, 8192, 48, num_sms=132)
-    assert p.rank_cap == 128 and p.partials_bytes == 32 * 16 * 48 * 4  # the actual rank, not the cap
+    assert p.rank_cap == 128 and p.workspace_bytes == 32 * 16 * 48 * 4  # the actual rank, not the cap
     p = budget.act_quant_launch(1, 8192, 0, num_sms=132)
     assert (p.rank_cap, p.k_splits, p.workspace_bytes, p.arrival_counters) == (0, 32, 0, 0)
     # Every split CTA keeps at least two chunks; short K cannot be split.
@@ -218,7 +218,7 @@ def test_act_quant_launch_counters_fit_the_pool():
         for rows, k, rank in [(1, 4096, 16), (33, 1536, 16), (333, 3072, 128), (4096, 576 * 2, 256), (8192, 8192, 32)]:
             p = budget.act_quant_launch(rows, k, rank, num_sms=num_sms)
             split = p.k_splits > 1
-            assert p.workspace_bytes == p.partials_bytes == (p.row_blocks * p.k_splits * p.block_rows * rank * 4 if split else 0)
+            assert p.workspace_bytes == (p.row_blocks * p.k_splits * p.block_rows * rank * 4 if split else 0)
             assert p.arrival_counters == (p.row_blocks if split else 0)
             assert p.arrival_counters <= limits.counters
 

@@ -184,13 +184,13 @@ __attribute__((visibility("default"))) int64_t JaxW4a4W4a16WorkspaceBytes(int64_
   return jax_w4a4::sm90::w4a16::W4a16WorkspaceBytes({m, n, k, group_size, act_order != 0}, num_sms);
 }
 
-// The act_quant launch plan for num_sms SMs: block_rows, rank_cap, row_blocks, k_splits, partials,
-// arrival_counters, workspace (7 values); the FFI lowering sizes the op's workspace result with the last.
+// The act_quant launch plan for num_sms SMs: block_rows, rank_cap, row_blocks, k_splits, arrival_counters,
+// workspace (6 values); the FFI lowering sizes the op's workspace result with the last.
 __attribute__((visibility("default"))) void JaxW4a4ActQuantLaunch(int64_t rows, int64_t k, int64_t rank, int num_sms,
                                                                   int64_t* out) {
   const jax_w4a4::sm90::ActQuantLaunch l = jax_w4a4::sm90::PlanActQuantLaunch(rows, k, rank, num_sms);
-  const int64_t values[] = {l.shape.block_rows, l.shape.rank_cap, l.row_blocks,     l.k_splits,
-                            l.partials_bytes,   l.arrival_counters, l.workspace_bytes};
+  const int64_t values[] = {l.shape.block_rows, l.shape.rank_cap,     l.row_blocks,
+                            l.k_splits,         l.arrival_counters, l.workspace_bytes};
   for (int64_t v : values) *out++ = v;
 }
 

@@ -118,9 +118,9 @@ struct ActQuantLaunch {
   ActQuantShape shape;
   int64_t row_blocks;
   int k_splits;
-  int64_t partials_bytes;    // workspace: row_blocks x k_splits x block_rows x rank fp32 LA partials
   int64_t arrival_counters;  // one per row block when partials are summed (<= kArrivalCounters), else 0
-  int64_t workspace_bytes;   // the partials: 0 when nothing is reduced across CTAs (no split, or rank 0)
+  int64_t workspace_bytes;   // row_blocks x k_splits x block_rows x rank fp32 LA partials: 0 when nothing
+                             // is reduced across CTAs (no split, or rank 0)
 };
 
 // The largest split worth taking (a power of two) for num_chunks chunks of K.
@@ -150,9 +150,8 @@ constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t ran
   launch.k_splits = 1;
   while (launch.k_splits < split_cap && launch.row_blocks * launch.k_splits < target) launch.k_splits *= 2;
   if (launch.k_splits > 1 && rank > 0) {
-    launch.partials_bytes = launch.row_blocks * launch.k_splits * launch.shape.block_rows * rank * 4;
     launch.arrival_counters = launch.row_blocks;
-    launch.workspace_bytes = launch.partials_bytes;
+    launch.workspace_bytes = launch.row_blocks * launch.k_splits * launch.shape.block_rows * rank * 4;
   }
   return launch;
 }
