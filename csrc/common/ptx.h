@@ -1,5 +1,5 @@
-// PTX wrappers shared by the sm90 kernels (one definition per instruction form). Kernel-specific
-// wrappers (TMA, mbarriers, wgmma, cache-hinted copies) stay in their kernel's file.
+// PTX wrappers shared by the sm90 kernels (one definition per instruction form); wgmma is in
+// common/wgmma.h. Kernel-specific wrappers (TMA, mbarriers, cache-hinted copies) stay in their kernel's file.
 #pragma once
 
 #include <cuda_bf16.h>
