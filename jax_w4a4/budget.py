@@ -213,7 +213,8 @@ def arrival_counter_limits() -> ArrivalCounterLimits:
 class W4a16Plan:
     """The sm90 w4a16 GEMM plan of one token tile (csrc/kernels/sm90/w4a16_gemm_plan.h): per ring stage
     (one 64-wide K atom) 512 B of prepacked weights per m16 tile (8 warps x ``tiles_per_warp`` tiles)
-    and the X tile; a fixed double-buffered scale table; ``ctas_per_sm`` CTAs designed to share an SM."""
+    and the X tile (128-byte swizzled rows, the wgmma B operand); fixed: a double-buffered scale table and
+    1 KB of slack that aligns the base to the swizzle atom; ``ctas_per_sm`` CTAs designed to share an SM."""
 
     m_tiles: int
     block_m: int

@@ -77,11 +77,12 @@ std::string DescribeW4a16(const W4a16Plan& p) {
   char line[384];
   std::snprintf(line, sizeof line,
                 "w4a16_gemm sm90: %d tokens per CTA, %d CTAs/SM of <= 8 warps x %d m16 tiles (%d rows): "
-                "stage %d B (weights %d + X %d) x %d stages = %d, scale table %d; "
+                "stage %d B (weights %d + X %d) x %d stages = %d, scale table %d, alignment slack %d; "
                 "total %d B/CTA, %d of %d B/SM%s\n",
                 p.block_m, p.ctas_per_sm, p.tiles_per_warp, p.block_rows, p.stage_bytes, p.stage_weight_bytes,
                 p.stage_x_bytes, p.stages,
-                p.ring_bytes, p.scale_tables_bytes, p.total_bytes, p.per_sm_bytes,
+                p.ring_bytes, p.scale_tables_bytes, static_cast<int>(jax_w4a4::budget::kSwizzledAlign), p.total_bytes,
+                p.per_sm_bytes,
                 static_cast<int>(jax_w4a4::budget::kSmemPerSmSm90), p.fits() ? "" : "  ** DOES NOT FIT **");
   return line;
 }

@@ -67,6 +67,7 @@
 
 #include "common/arrival_counters.h"
 #include "common/ptx.h"
+#include "common/wgmma.h"
 #include "kernels/sm90/w4a16_gemm.h"
 #include "kernels/sm90/w4a16_gemm_plan.h"
 
@@ -97,7 +98,8 @@ struct Config {
   static constexpr int kWeightRingOffset = 0;
   static constexpr int kXRingOffset = kWeightRingOffset + kStages * kStageWeightBytes;
   static constexpr int kTableOffset = kXRingOffset + kStages * kStageXBytes;
-  static constexpr int kSmemBytes = kTableOffset + kPlan.scale_tables_bytes;
+  // + the slack that aligns the dynamic base to the 1 KB swizzle atom
+  static constexpr int kSmemBytes = kTableOffset + kPlan.scale_tables_bytes + budget::kSwizzledAlign;
 
   static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kGroupsPerPeriod % 2 == 0, "32-wide groups come in pairs per atom");
@@ -106,8 +108,9 @@ struct Config {
   static_assert(kGroupsPerPeriod * 32 >= 2 * kAtomCols, "a period spans two atoms or more");
   static_assert(kPlan.scale_tables_bytes == 2 * kTableEntries * kTableEntryBytes, "double-buffered table");
   static_assert(kSmemBytes == kPlan.total_bytes, "the layout is the plan");
-  static_assert(kXRingOffset % 16 == 0 && kStageXBytes % 16 == 0 && kTableOffset % 16 == 0,
-                "cp.async and ldmatrix need 16-byte aligned rows");
+  static_assert(kXRingOffset % budget::kSwizzledAlign == 0 && kStageXBytes % budget::kSwizzledAlign == 0,
+                "every X stage starts a 128-byte-swizzle atom (8 rows x 128 B): the wgmma descriptor's base");
+  static_assert(kTableOffset % 16 == 0, "16-byte aligned scale table");
 };
 
 struct KernelParams {
@@ -261,20 +264,10 @@ __device__ __forceinline__ uint32_t EntrySubtrahend(uint32_t entry) {
 // Raw codes: −(128 + z) as an fp32 (the bf16 subtrahend's bits widened; exact).
 __device__ __forceinline__ float EntryOffsetBf16(uint32_t entry) { return __uint_as_float(entry << 16); }
 
-// ColumnSums: Σ x on the tensor cores (raw codes). The ldmatrix.x4 of a token tile over 32 k holds the
-// B fragments {b0, b1} of k16 steps j and j + 1; taken as an A fragment as it is, row g holds token g's
-// k 0..7 of both steps and row g + 8 its k 8..15. With B = ones, D[g][n] + D[g + 8][n] is Σ x of token g
-// over the 32 k, in every column n: one MMA per token tile and two k16 steps, no register moves, and no
-// token's x reaches another token's sum (a NaN stays in its own token).
+// ColumnSums (raw codes): one more wgmma per k16 step with A = ones gives Σ x of every token in every
+// row of the accumulator, in the partials' own layout; no token's x reaches another token's sum (a NaN
+// stays in its own token).
 constexpr uint32_t kOnesBf16 = 0x3F803F80u;  // bf16 1.0 in both halves
-
-// Σ x of this lane's tokens 2c, 2c + 1 (acc's columns) from a column-sum accumulator d: token t's sum
-// is d[0] + d[2] in lanes 4t..4t + 3.
-__device__ __forceinline__ void TokenSums(const float (&d)[4], int lane, float (&token_sums)[2]) {
-  const float row_sum = d[0] + d[2];
-  token_sums[0] = __shfl_sync(0xFFFFFFFFu, row_sum, 8 * (lane % 4));
-  token_sums[1] = __shfl_sync(0xFFFFFFFFu, row_sum, 8 * (lane % 4) + 4);
-}
 
 template <typename T>
 __device__ __forceinline__ float EntryScale(uint32_t entry) {
@@ -303,12 +296,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   constexpr int kTiles = Cfg::kTilesPerWarp;
   // bf16 up to 8 tokens: raw codes and column sums (see the dequantization notes).
   constexpr bool kRawCodes = std::is_same_v<T, __nv_bfloat16> && kMTiles <= kMaxRawCodeMTiles;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem_raw[];
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
-  const int threads = p.warps * 32;
+  const int threads = blockDim.x;  // whole warpgroups: W4a16Threads(p.warps)
   const int block_rows = p.warps * Cfg::kWarpRows;
   const int tile = blockIdx.x / p.splits;
   const int split = blockIdx.x % p.splits;
@@ -322,15 +315,20 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   // m16 tiles of this warp inside N: 0 or a multiple of 2 (N % 32 == 0). A warp with only its first pair
   // inside N loads that pair into the slots of the second too (no out-of-bounds reads) and stores only
   // the first pair.
-  const int warp_tiles = max(0, min(kTiles, (p.n - n0 - warp * Cfg::kWarpRows) / kAtomRows));
+  const int warp_tiles =
+      warp < p.warps ? max(0, min(kTiles, (p.n - n0 - warp * Cfg::kWarpRows) / kAtomRows)) : 0;
   const bool warp_active = warp_tiles > 0;
   const bool group32 = p.group_shift == 5;                // two groups per atom
   const int group_mask = (1 << p.group_shift) - 1;
   // Columns per promotion - 1: a group, and with raw codes at most 128 (per-channel scales).
   const int promotion_mask = kRawCodes ? min(group_mask, kRawCodesMaxPromotionCols - 1) : group_mask;
 
-  const uint32_t weight_ring = ptx::SharedAddress(smem + Cfg::kWeightRingOffset);
-  const uint32_t x_ring = ptx::SharedAddress(smem + Cfg::kXRingOffset);
+  // The X stages are wgmma operands with the 128-byte swizzle: 1 KB-aligned (the plan's slack).
+  const uint32_t smem_base =
+      (ptx::SharedAddress(smem_raw) + budget::kSwizzledAlign - 1) & ~uint32_t{budget::kSwizzledAlign - 1};
+  uint8_t* smem = smem_raw + (smem_base - ptx::SharedAddress(smem_raw));
+  const uint32_t weight_ring = smem_base + Cfg::kWeightRingOffset;
+  const uint32_t x_ring = smem_base + Cfg::kXRingOffset;
   uint32_t* scale_table = reinterpret_cast<uint32_t*>(smem + Cfg::kTableOffset);  // ScaleTableEntry
 
   // ---- main ring: producer side
@@ -346,9 +344,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
 #pragma unroll
   for (int q = 0; q < Cfg::kXCopiesPerThread; ++q) {
     const int chunk = tid + q * threads;
-    const int row = chunk / 8, column = (chunk % 8) * 8;
-    x_src_offset[q] = chunk < rows_m * 8 ? row * p.k + column : -1;
-    x_dst_offset[q] = row * kXRowPitch + column * 2;
+    const int row = chunk / 8, column_chunk = chunk % 8;  // 16-byte chunk of the row's 64 k
+    x_src_offset[q] = chunk < rows_m * 8 ? row * p.k + column_chunk * 8 : -1;
+    x_dst_offset[q] = row * kXRowBytes + ((column_chunk ^ (row % 8)) * 16);  // 128-byte swizzle
   }
 
   auto issue_stage = [&](int i, int slot) {
@@ -370,12 +368,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   };
   auto next_slot = [](int slot, int step) { return slot + step >= kStages ? slot + step - kStages : slot + step; };
 
-  // Rows of the X tile past M are never copied: zero them once so their MMA columns stay finite.
+  // Rows of the X tile past M are never copied: zero them once so their MMA columns stay finite (the
+  // first atom's proxy fence publishes them to the wgmmas).
   {
-    const int pad_chunks = (Cfg::kBlockM - rows_m) * (kXRowPitch / 16);
+    const int pad_chunks = (Cfg::kBlockM - rows_m) * (kXRowBytes / 16);
     for (int c = tid; c < kStages * pad_chunks; c += threads) {
       const int stage = c / pad_chunks, chunk = c % pad_chunks;
-      *reinterpret_cast<uint4*>(smem + Cfg::kXRingOffset + stage * Cfg::kStageXBytes + rows_m * kXRowPitch +
+      *reinterpret_cast<uint4*>(smem + Cfg::kXRingOffset + stage * Cfg::kStageXBytes + rows_m * kXRowBytes +
                                 chunk * 16) = make_uint4(0, 0, 0, 0);
     }
   }
@@ -390,7 +389,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   auto fetch_period = [&](int period) {
 #pragma unroll
     for (int j = 0; j < Cfg::kPeriodEntriesPerThread; ++j) {
-      const unsigned entry = tid + j * threads;  // < kGroupsPerPeriod * block_rows
+      // < kGroupsPerPeriod x the launched warps' rows (those of warps without rows are never read)
+      const unsigned entry = tid + j * threads;
       const int row = entry / kGroupsPerPeriod;
       const int group = group_first + period * kGroupsPerPeriod + entry % kGroupsPerPeriod;
       const bool valid = group <= group_last && n0 + row < p.n;
@@ -423,34 +423,33 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   store_period(0);  // published by the first main-loop barrier
   fetch_period(1);
 
-  // ---- compute state
-  float acc[kTiles][kMTiles][4];
-  float part[kTiles][kMTiles][4];
+  // ---- compute state. A wgmma accumulator of N = 8 kMTiles tokens holds, per warp, the m16 tile's
+  // fragment d[4 mt + e]: row g + 8 (e / 2), token 8 mt + 2 (lane % 4) + e % 2 (the mma.sync C layout
+  // per n8 tile), so the promotion, split-K and epilogue index it by (mt, e).
+  constexpr int kN = 8 * kMTiles;
+  constexpr int kFrag = 4 * kMTiles;  // accumulator registers per m16 tile
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  float acc[kTiles][kFrag];
+  float part[kTiles][kFrag];  // Σ x·(q − z) (raw codes: Σ x·(128 + q)) since the last promotion
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[t][mt][e] = part[t][mt][e] = 0.f;
-    }
+    for (int e = 0; e < kFrag; ++e) acc[t][e] = part[t][e] = 0.f;
   }
   uint32_t sub[kTiles][2] = {};  // −(magic + z) of the current group, rows g and g + 8 of each tile
-  float sums[kMTiles][4];        // raw codes: column-sum MMA accumulators since the last promotion
+  float sums[kFrag];             // raw codes: Σ x per token since the last promotion, in every row
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sums[mt][e] = 0.f;
-  }
+  for (int e = 0; e < kFrag; ++e) sums[e] = 0.f;
   const int row_in_block = warp * Cfg::kWarpRows + lane / 4;  // row g of tile 0; tile t adds 16 t, g + 8 adds 8
-  // ldmatrix.x4 of one token tile and 32 k: lanes 8q..8q+7 give the 8 token rows at k 8q..8q+7.
-  const uint32_t x_lane_offset = (lane % 8) * kXRowPitch + (lane / 8) * 16;
+  uint32_t fresh_partial = 1;  // the next wgmmas start the partials (scale-d = 0) instead of adding
 
   // One atom per __syncthreads: atom i is computed while the copies of the next kStages - 1 are in flight;
-  // the slot refilled after the barrier held atom i - 1, which every thread finished before arriving.
+  // the slot refilled after the barrier held atom i - 1, whose wgmmas every thread retired before arriving.
   int slot = 0;                        // slot of atom i
   int refill_slot = kStages - 1;       // slot of atom i + kStages - 1 (that of atom i - 1)
   for (int i = 0; i < num_atoms; ++i) {
     ptx::CpAsyncWait<kStages - 2>();   // this thread's copies of atom i landed
+    FenceProxyAsync();                 // ... and are visible to the wgmmas (async proxy) after the barrier
     // A period spans >= 2 atoms. The table of a new period overwrites the buffer of the period two back;
     // a thread still computing atom i - 1 reads the previous period's buffer, not that one.
     const int atom = atom_begin + i;
@@ -466,7 +465,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     const int atom_slot = slot;
     slot = next_slot(slot, 1);
     refill_slot = next_slot(refill_slot, 1);
-    if (!warp_active) continue;
 
     const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
     const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 || atom + 1 == atom_end;
@@ -476,9 +474,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     uint4 words[kTiles];
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
-    const uint32_t x_addr = x_ring + atom_slot * Cfg::kStageXBytes + x_lane_offset;
+    // B = the atom's X tile, K-major with the 128-byte swizzle; k16 step j starts 32 bytes into each row.
+    const uint64_t x_desc = MakeSmemDesc(x_ring + atom_slot * Cfg::kStageXBytes, 16, 8 * kXRowBytes, kSwizzle128B);
 
-    uint32_t xk32[kMTiles][4];  // per token tile, the B fragments of k16 steps j and j + 1 (j even)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       // Group j / 2 of the atom (32-wide groups) or its only group; its table entries.
@@ -490,60 +488,52 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
           sub[t][1] = EntrySubtrahend(group_entries[t * kAtomRows + 8]);
         }
       }
-      if (j % 2 == 0) {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          ptx::LdMatrixX4(xk32[mt], x_addr + mt * 8 * kXRowPitch + j * 32);
-          if constexpr (kRawCodes) ptx::Mma16816<T>(sums[mt], xk32[mt], kOnesBf16, kOnesBf16);
-        }
-      }
-      uint32_t xb[kMTiles][2];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        xb[mt][0] = xk32[mt][(j % 2) * 2];
-        xb[mt][1] = xk32[mt][(j % 2) * 2 + 1];
-      }
+      uint32_t a[kTiles][4];
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
-        uint32_t a[4];
         if constexpr (kRawCodes) {
-          RawCodesBf16(Word(words[t], j), a);
+          RawCodesBf16(Word(words[t], j), a[t]);
         } else {
-          Dequantize<T>(Word(words[t], j), sub[t][0], sub[t][1], a);
+          Dequantize<T>(Word(words[t], j), sub[t][0], sub[t][1], a[t]);
         }
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) ptx::Mma16816<T>(part[t][mt], a, xb[mt][0], xb[mt][1]);
       }
+      const uint64_t step_desc = x_desc + ((j * 32) >> 4);
+      WgmmaFence();
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) Wgmma<kN>::template Half<kBf16>(part[t], a[t], step_desc, !fresh_partial);
+      if constexpr (kRawCodes) {  // ColumnSums
+        constexpr uint32_t kOnes[4] = {kOnesBf16, kOnesBf16, kOnesBf16, kOnesBf16};
+        Wgmma<kN>::template Half<kBf16>(sums, kOnes, step_desc, !fresh_partial);
+      }
+      WgmmaCommit();
+      fresh_partial = 0;
       const bool partial_ends = j == 3 ? atom_ends_partial : (group32 && j == 1);
       if (partial_ends) {  // promotion: acc += s · Σ x·(q − z), in fp32
-        float token_sums[kMTiles][2];  // raw codes: Σ x of this lane's tokens 2c, 2c + 1 per token tile
-        if constexpr (kRawCodes) {
+        WgmmaWait<0>();
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            TokenSums(sums[mt], lane, token_sums[mt]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sums[mt][e] = 0.f;
-          }
-        }
+        for (int t = 0; t < kTiles; ++t) FenceOperands(part[t]);
+        if constexpr (kRawCodes) FenceOperands(sums);
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           const uint32_t entries[2] = {group_entries[t * kAtomRows], group_entries[t * kAtomRows + 8]};
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              float exact_part = part[t][mt][e];  // Σ x·(q − z)
-              if constexpr (kRawCodes) {          // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
-                exact_part = fmaf(EntryOffsetBf16(entries[e / 2]), token_sums[mt][e % 2], exact_part);
-              }
-              acc[t][mt][e] = fmaf(EntryScale<T>(entries[e / 2]), exact_part, acc[t][mt][e]);
-              part[t][mt][e] = 0.f;
+          for (int e = 0; e < kFrag; ++e) {
+            float exact_part = part[t][e];  // Σ x·(q − z)
+            if constexpr (kRawCodes) {      // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
+              exact_part = fmaf(EntryOffsetBf16(entries[(e / 2) % 2]), sums[e], exact_part);
             }
+            acc[t][e] = fmaf(EntryScale<T>(entries[(e / 2) % 2]), exact_part, acc[t][e]);
           }
         }
+        fresh_partial = 1;
+      } else if (j == 3) {
+        WgmmaWait<0>();  // the atom's slot is refilled after the next barrier
+      } else {
+        // Step j - 1 retired, its A registers free (4 tiles per warp: step j too, or the 128 registers spill).
+        WgmmaWait<kTiles >= 4 ? 0 : 1>();
       }
     }
-}
+  }
 
   // ---- split-K: fragment-order partials, the last CTA of the tile sums them in split order
   if (p.splits > 1) {
@@ -563,7 +553,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           tile_partials[split * slot_float4s + fragment + (t * kMTiles + mt) * live_lanes] =
-              make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]);
+              make_float4(acc[t][4 * mt], acc[t][4 * mt + 1], acc[t][4 * mt + 2], acc[t][4 * mt + 3]);
         }
       }
     }
@@ -574,10 +564,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[t][mt][e] = 0.f;
-      }
+      for (int e = 0; e < kFrag; ++e) acc[t][e] = 0.f;
     }
     if (warp_active && lane_live) {
 #pragma unroll kSplitsInFlight
@@ -594,10 +581,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
         for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-            acc[t][mt][0] += v[t][mt].x;
-            acc[t][mt][1] += v[t][mt].y;
-            acc[t][mt][2] += v[t][mt].z;
-            acc[t][mt][3] += v[t][mt].w;
+            acc[t][4 * mt] += v[t][mt].x;
+            acc[t][4 * mt + 1] += v[t][mt].y;
+            acc[t][4 * mt + 2] += v[t][mt].z;
+            acc[t][4 * mt + 3] += v[t][mt].w;
           }
         }
       }
@@ -622,8 +609,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
       for (int e = 0; e < 2; ++e) {
         const int m = m0 + mt * 8 + (lane % 4) * 2 + e;
         if (m >= p.m) continue;
-        const float lo = poison ? __int_as_float(0x7FC00000) : acc[t][mt][e] + bias_lo;
-        const float hi = poison ? __int_as_float(0x7FC00000) : acc[t][mt][2 + e] + bias_hi;
+        const float lo = poison ? __int_as_float(0x7FC00000) : acc[t][4 * mt + e] + bias_lo;
+        const float hi = poison ? __int_as_float(0x7FC00000) : acc[t][4 * mt + 2 + e] + bias_hi;
         y[static_cast<size_t>(m) * p.n + n_lo] = FromFloat<T>(lo);
         y[static_cast<size_t>(m) * p.n + n_hi] = FromFloat<T>(hi);
       }
@@ -664,7 +651,7 @@ cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, cud
     return status;
   }
   const dim3 grid(plan.n_tiles * plan.splits, plan.m_blocks);
-  kernel<<<grid, plan.warps * 32, kSmem, stream>>>(params);
+  kernel<<<grid, W4a16Threads(plan.warps), kSmem, stream>>>(params);
   return cudaGetLastError();
 }
 

@@ -5,9 +5,10 @@
 // the workspace (an XLA-allocated output: CUDA-graph safe) with the launcher's own code.
 //
 // A CTA owns up to 8 warps x tiles_per_warp m16 tiles of W and 8 x m_tiles tokens; one ring stage is one
-// 64-wide K atom: 512 B of prepacked weights per m16 tile plus the X tile (rows padded to 144 B for
-// ldmatrix). Fixed objects: the double-buffered scale table (dequantization subtrahend and scale of
-// 4 groups of every row, 4 bytes each). Up to 8 tokens a warp owns 4 m16 tiles
+// 64-wide K atom: 512 B of prepacked weights per m16 tile plus the X tile (one 128-byte row per token,
+// 128-byte swizzle: the wgmma B operand). Fixed objects: the double-buffered scale table (dequantization
+// subtrahend and scale of 4 groups of every row, 4 bytes each) and 1 KB of slack to align the base for
+// the swizzle. Up to 8 tokens a warp owns 4 m16 tiles
 // (the X fragments, the loop and the barrier serve twice the weights: measured −9% at 1 x 28672 x 8192);
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
@@ -28,7 +29,7 @@ inline constexpr int kAtomBytes = kAtomRows * kAtomCols / 2;   // 512 B = 32 lan
 inline constexpr int kRowGranule = 32;                   // N % 32: a warp's tiles come in valid pairs
 inline constexpr int kMinWarps = 4;
 inline constexpr int kMaxWarps = 8;
-inline constexpr int kXRowPitch = kAtomCols * 2 + 16;    // 144 B: 8 rows at one column hit 8 bank quads
+inline constexpr int kXRowBytes = kAtomCols * 2;         // 128 B: one swizzle row (8 rows = 1 KB atom)
 inline constexpr int kGroupsPerPeriod = 4;               // even: a 64-wide atom never straddles two periods
 inline constexpr int kTableEntryBytes = 4;               // 16-bit dequantization subtrahend, 16-bit scale
 inline constexpr int kMinStages = 4;                     // the ring must hide HBM latency
@@ -70,14 +71,15 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles) {
   p.tiles_per_warp = TilesPerWarp(m_tiles);
   p.block_rows = kMaxWarps * WarpRows(m_tiles);
   p.stage_weight_bytes = kMaxWarps * p.tiles_per_warp * kAtomBytes;
-  p.stage_x_bytes = p.block_m * kXRowPitch;
+  p.stage_x_bytes = p.block_m * kXRowBytes;
   p.stage_bytes = p.stage_weight_bytes + p.stage_x_bytes;
   p.scale_tables_bytes = 2 * kGroupsPerPeriod * p.block_rows * kTableEntryBytes;  // double-buffered
   const int per_cta = static_cast<int>(budget::kSmemPerSmSm90 / p.ctas_per_sm - budget::kSmemReservedPerCtaSm90);
-  const int fit = (per_cta - p.scale_tables_bytes) / p.stage_bytes;
+  const int fixed = static_cast<int>(p.scale_tables_bytes + budget::kSwizzledAlign);
+  const int fit = (per_cta - fixed) / p.stage_bytes;
   p.stages = fit < kMaxStages ? fit : kMaxStages;
   p.ring_bytes = p.stages * p.stage_bytes;
-  p.total_bytes = p.ring_bytes + p.scale_tables_bytes;
+  p.total_bytes = p.ring_bytes + fixed;
   p.per_sm_bytes = p.ctas_per_sm * (p.total_bytes + budget::kSmemReservedPerCtaSm90);
   return p;
 }
@@ -101,7 +103,7 @@ struct W4a16Problem {
 struct W4a16Launch {
   int m_tiles;   // n8 token tiles per CTA: 1, 2, 4 or 8
   int m_blocks;  // CTAs along the tokens
-  int warps;     // kMinWarps..kMaxWarps
+  int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (W4a16Threads launches whole warpgroups)
   int n_tiles;
   int splits;    // split-K factor
 };
@@ -120,6 +122,10 @@ constexpr bool W4a16ShapeSupported(const W4a16Problem& p) {
 }
 
 constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Threads of a CTA with `warps` row-owning warps: whole warpgroups, since wgmma is issued by all four
+// warps of one; the extra warps own no rows (they join the wgmmas and store nothing).
+constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4)) * 128; }
 
 // One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
 // largest CTA's bytes over its share of the SM's bandwidth, and an SM with fewer than
