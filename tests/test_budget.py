@@ -270,6 +270,9 @@ def test_w4a16_workspace_follows_the_launch_plan():
     # 4096 x 4096 at one token: every split CTA keeps >= 4 of the 64 atoms (kMinAtomsPerSplit), so 16 splits
     # of 16 column tiles of 4 warps x 4 m16 tiles (8 warps: 8 tiles x 33 splits of 2 atoms, a slow tail).
     assert budget.w4a16_workspace_bytes(1, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 16 * 16 * 4 * 4 * 32
+    # 4096 x 4096 at 64 tokens: at most 4 splits (kMaxSplitsAt64Tokens: their 64 KB partials are summed by one
+    # CTA), so 32 column tiles of 4 warps x 2 m16 tiles x 8 token tiles -> 128 CTAs.
+    assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32
     assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32
     assert budget.w4a16_workspace_bytes(0, 28672, 8192, 128, act_order=False, num_sms=132) == -1
 

@@ -1,7 +1,8 @@
 """The kernel layout of w4a16 weights: what ``csrc/kernels/sm90/w4a16_gemm.cu`` reads, byte for byte.
 
 The logical layout (``formats.w4a16``) is uint8 ``(N, K/2)``: two uint4 values per byte along K. The
-kernel wants every 16-byte load of a lane to be exactly its mma.sync A fragments, so the weights are
+kernel wants every 16-byte load of a lane to be exactly its A fragments (the mma.sync m16n8k16 layout,
+which is also a warp's 16-row slice of the register A operand of wgmma m64nNk16), so the weights are
 reordered offline ("prepacked") into int32 words:
 
 * **Atom**: 16 rows (n) x 64 columns (k) = 512 bytes = 32 lanes x 4 words. Row block ``nb`` of the

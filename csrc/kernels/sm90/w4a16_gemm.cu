@@ -3,9 +3,14 @@
 // Byte contract: docs/layouts.md, section w4a16_gemm. Built for decode: M = 1..64 per CTA, the time is
 // the time to stream the 4-bit weights once from HBM.
 //
-// Orientation. W is the MMA's A operand (m16 = 16 rows of W), X the B operand (n8 = 8 tokens), so
-// Yᵀ tiles are 16 n x 8 m: 8 tokens fill an MMA (16 in MARLIN's orientation). mma.sync m16n8k16, fp32
-// accumulation.
+// Orientation. W is the MMA's A operand, X the B operand, so 8 tokens fill an MMA (16 in MARLIN's
+// orientation). wgmma m64nNk16, N = 8 x token tiles (8..64), fp32 accumulation: A from registers (each
+// warp dequantizes its own m16 tile into the fragment a warp holds of a 16-row slice of A, the
+// mma.sync m16n8k16 layout, and gets that slice of D back), B = the X tile in shared memory, K-major
+// with the 128-byte swizzle. A warp's tile t of every warp of a warpgroup forms one wgmma, so the MMA
+// count per k16 step and warp is the number of m16 tiles, whatever the tokens, and no X fragment goes
+// through registers (mma.sync took tiles x token tiles MMAs and an ldmatrix per token tile: measured
+// at 64 tokens 140 -> 102 us at 28672 x 8192, 47.4 -> 34.4 us at 8192², session 10).
 //
 // Numerics: exact Ŵ. No weight is rounded (MARLIN rounds (q − z)·s to bf16, a 2^-9 relative error per
 // weight); the only roundings are fp32 accumulation and the final cast, like the reference.
@@ -15,6 +20,7 @@
 //  * bf16 up to 8 tokens ("raw codes"): the A fragment is the raw code 128 + q, exact; the MMAs
 //    accumulate Σ x·(128 + q), and column-sum MMAs (A = X, B = ones) S = Σ x of each token, both in fp32.
 //    Promotion: acc += s · fma(−(128 + z), S, partial) = s · Σ x·(q − z), the difference rounded once.
+//    S comes from one more wgmma per k16 step with A = ones (ColumnSums).
 //    The partials carry the offset 128·S, so their fp32 rounding error is up to ~200 times that of
 //    Σ x·(q − z): ~1e-6 of the result, ~2e-5 for all-positive X if the tensor cores truncate (a CPU
 //    emulation). It grows with the columns per partial, so raw codes promote at least every 128 columns,
@@ -23,7 +29,8 @@
 // Work split. A CTA owns `warps` warps of W rows (up to 8 tokens a warp owns four m16 tiles = 64 rows,
 // so the X fragments, the loop and the barrier serve twice the weights; beyond, two tiles, since the
 // accumulators fill the registers) and a K range (split-K over `splits` CTAs), chosen on the host so
-// one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). Tokens beyond
+// one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). The CTA launches whole warpgroups; the
+// warps past `warps` own no rows and only join the wgmmas. Tokens beyond
 // 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to the workspace in MMA
 // fragment order; the last CTA of a tile to arrive (an arrival counter of common/arrival_counters.h, which
 // re-arms itself: no memset) sums them in split order — deterministic, no host sync, CUDA-graph safe.
@@ -32,13 +39,18 @@
 //  * main ring, kStages deep, one stage = one 64-wide K atom (kStages - 1 atoms in flight while one is
 //    computed): each lane cp.async's its own 16-byte fragment word per m16 tile
 //    (16 rows x 64 k of W in fragment order, L2::evict_first: read exactly once), and
-//    the CTA copies the X tile (rows x 64 k, 16-byte cp.async) into a padded, ldmatrix-friendly row.
+//    the CTA copies the X tile (rows x 64 k, 16-byte cp.async) into 128-byte rows, chunk c of row r at
+//    chunk c ^ (r % 8) (the wgmma swizzle); each thread fences the async proxy after its copies land,
+//    before the barrier that hands the stage to the wgmmas, and retires the atom's wgmmas
+//    (wait_group 0) before the next barrier frees its slot.
 //  * scale periods: scales and zeros of 4 groups at a time (raw (N, K/G) layout, 2-byte loads, so any
 //    row pitch works) are fetched into registers one period ahead; at the period switch they become a
 //    double-buffered shared table of {16-bit −(magic + z), 16-bit scale} per row and group.
-//  * compute: per k16 step and m16 tile, lop3 + fma dequantization (the 0x6400 fp16 / 0x4300 bf16
-//    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), ldmatrix for X, mma.sync (raw codes:
-//    plus one column-sum MMA per token tile and two k16 steps), promotion at group ends.
+//  * compute: per k16 step, lop3 + fma dequantization of every m16 tile (the 0x6400 fp16 / 0x4300 bf16
+//    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), one wgmma per tile (raw codes: plus
+//    the column sums), commit; the previous step is retired before the next writes its A registers
+//    (wait_group 1; 0 with 4 tiles per warp, whose second set of A registers spilled and measured
+//    48.4 -> 50.9 us at 1 x 28672 x 8192), and every group end retires all and promotes.
 //  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials of the lanes that hold a token
 //    < M, arrival counter, ordered reduction).
 // Act-order: the weights are stored in argsort(g_idx) order; LaunchGemm first gathers X's columns in
@@ -47,15 +59,16 @@
 //
 // Shared memory per CTA (W4a16Plan in w4a16_gemm_plan.h, static_assert'ed against the SM's 228 KB
 // shared by CtasPerSm CTAs, less the driver's 1 KB per CTA; python -m jax_w4a4.budget prints it):
-//   kStages x (weights of one atom + M_tile x 144 B of X) + scale table (4 B per row and group of a
-//   4-group period, double-buffered)
-//   = 104.1 KB (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 113.2 KB (16: 8 warps x 2 tiles,
-//     10 stages, 2 CTAs/SM), 213.0 KB (32: 16 stages, 1 CTA/SM), 217.1 KB (64: 12 stages, 1 CTA/SM).
+//   kStages x (weights of one atom + M_tile x 128 B of X) + scale table (4 B per row and group of a
+//   4-group period, double-buffered) + 1 KB to align the base to the swizzle atom
+//   = 104448 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 111616 B (16: 8 warps x 2 tiles,
+//     10 stages, 2 CTAs/SM), 205824 B (32: 16 stages, 1 CTA/SM), 222208 B (64: 13 stages, 1 CTA/SM).
 //
-// Measured limits (ncu, benchmarks/NOTES.md, session 6): 1 x 28672 x 8192 runs at ~47 us = ~2.6 TB/s
-// against a 29 us ceiling for this ring without arithmetic (session 6's probe). Latency- and
+// Measured limits (ncu, benchmarks/NOTES.md, session 6, mma.sync build): 1 x 28672 x 8192 runs at ~47 us
+// = ~2.6 TB/s against a 29 us ceiling for this ring without arithmetic (session 6's probe). Latency- and
 // issue-bound (0.44 instructions per scheduler and cycle): of 311 warp-instructions per 64-wide atom at
-// 1-8 tokens, 136 are dequantization, MMAs and fragment loads; the rest is per-atom bookkeeping.
+// 1-8 tokens, 136 were dequantization, MMAs and fragment loads; the rest is per-atom bookkeeping, which
+// the wgmma change did not touch (1-16 tokens: same times).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -200,11 +213,9 @@ __device__ __forceinline__ T FromFloat(float v) {
 //       fma(·, 1, −(128 + z)) gives q − z exactly.
 //       Raw codes (up to 8 tokens): the MMA takes 128 + q as it is (3 shifts + 4 lop3 per 8 weights, no
 //       packed FMAs); the offset is removed at promotion with the column sums of X (Numerics above),
-//       which cost one MMA per token tile and two k16 steps, shared by all of the warp's m16 tiles
-//       (ColumnSums): +12.5% MMAs with 4 m16 tiles per warp. Beyond 8 tokens the token tiles multiply
-//       the MMAs but not the dequantization, and the saved FMAs no longer pay (ncu, session 4: 16 tokens
-//       62.7 -> 65.1 us at 28672 x 8192; SASS per atom: as many instructions at 32 tokens, +19% and
-//       register spills at 64): those keep the FMAs.
+//       one wgmma per k16 step shared by all of the warp's m16 tiles (ColumnSums). Beyond 8 tokens the
+//       saved FMAs did not pay: with mma.sync (ncu, session 4: 16 tokens 62.7 -> 65.1 us at
+//       28672 x 8192) and with wgmma (session 10: 16 tokens 63.7 -> 63.9 us): those keep the FMAs.
 //       (Tried in session 3: subtracting (128 + z) with one more MMA per k16 step and m16 tile into the
 //       tile's own accumulator. Slower: it doubled every accumulator's MMA chain and the tensor pipe
 //       throttled issue; benchmarks/NOTES.md.)

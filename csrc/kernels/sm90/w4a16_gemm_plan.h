@@ -93,6 +93,9 @@ inline constexpr int kSaturatingWarpsPerSm = 12;         // the planner's model:
 // A split CTA streams at least this many 64-wide atoms: the model above has no term for the split-K tail,
 // and 4096 x 4096 at M <= 8 took 33 splits of 2 atoms in 12.6-15.5 us, 16 splits of 4 in 8.9 (session 8).
 inline constexpr int kMinAtomsPerSplit = 4;
+// At 64 tokens a split CTA's partials (64 KB for 256 rows) rival its weights, and one CTA sums them:
+// 4096 x 4096 at M = 64 took 16.5-16.7 us in 8 splits, 15.2 in 4 (session 10); fewer splits lost at 32 tokens.
+inline constexpr int kMaxSplitsAt64Tokens = 4;
 inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumulator fragment per lane and tile
 
 struct W4a16Problem {
@@ -142,7 +145,9 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles));
     const int64_t tiles = n_tiles * plan.m_blocks;
     const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
-    const int64_t splits = std::clamp<int64_t>(slots / tiles, 1, std::max<int64_t>(1, atoms / kMinAtomsPerSplit));
+    const int64_t max_splits = std::max<int64_t>(1, atoms / kMinAtomsPerSplit);
+    const int64_t splits =
+        std::clamp<int64_t>(slots / tiles, 1, plan.m_tiles == 8 ? std::min<int64_t>(max_splits, kMaxSplitsAt64Tokens) : max_splits);
     const int64_t waves = CeilDiv(tiles * splits, slots);
     const int64_t warps_per_sm = int64_t{warps} * CtasPerSm(plan.m_tiles);
     const int64_t cost = waves * warps * CeilDiv(atoms, splits) * kSaturatingWarpsPerSm /
