@@ -275,10 +275,20 @@ __device__ __forceinline__ uint32_t EntrySubtrahend(uint32_t entry) {
 // Raw codes: −(128 + z) as an fp32 (the bf16 subtrahend's bits widened; exact).
 __device__ __forceinline__ float EntryOffsetBf16(uint32_t entry) { return __uint_as_float(entry << 16); }
 
-// ColumnSums (raw codes): one more wgmma per k16 step with A = ones gives Σ x of every token in every
-// row of the accumulator, in the partials' own layout; no token's x reaches another token's sum (a NaN
-// stays in its own token).
+// ColumnSums: Σ x on the tensor cores (raw codes). The ldmatrix.x4 of a token tile over 32 k holds the
+// B fragments {b0, b1} of k16 steps j and j + 1; taken as an A fragment as it is, row g holds token g's
+// k 0..7 of both steps and row g + 8 its k 8..15. With B = ones, D[g][n] + D[g + 8][n] is Σ x of token g
+// over the 32 k, in every column n: one MMA per two k16 steps, no register moves, and no token's x
+// reaches another token's sum (a NaN stays in its own token).
 constexpr uint32_t kOnesBf16 = 0x3F803F80u;  // bf16 1.0 in both halves
+
+// Σ x of this lane's tokens 2c, 2c + 1 (acc's columns) from a column-sum accumulator d: token t's sum
+// is d[0] + d[2] in lanes 4t..4t + 3.
+__device__ __forceinline__ void TokenSums(const float (&d)[4], int lane, float (&token_sums)[2]) {
+  const float row_sum = d[0] + d[2];
+  token_sums[0] = __shfl_sync(0xFFFFFFFFu, row_sum, 8 * (lane % 4));
+  token_sums[1] = __shfl_sync(0xFFFFFFFFu, row_sum, 8 * (lane % 4) + 4);
+}
 
 template <typename T>
 __device__ __forceinline__ float EntryScale(uint32_t entry) {
@@ -307,6 +317,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   constexpr int kTiles = Cfg::kTilesPerWarp;
   // bf16 up to 8 tokens: raw codes and column sums (see the dequantization notes).
   constexpr bool kRawCodes = std::is_same_v<T, __nv_bfloat16> && kMTiles <= kMaxRawCodeMTiles;
+  // One token tile: mma.sync (see Orientation); wider tiles: wgmma.
+  constexpr bool kWgmma = kMTiles > 1;
+  static_assert(!(kRawCodes && kWgmma), "raw codes are an mma.sync path: their column sums use its fragments");
   extern __shared__ __align__(128) uint8_t smem_raw[];
 
   const int tid = threadIdx.x;
@@ -448,11 +461,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     for (int e = 0; e < kFrag; ++e) acc[t][e] = part[t][e] = 0.f;
   }
   uint32_t sub[kTiles][2] = {};  // −(magic + z) of the current group, rows g and g + 8 of each tile
-  float sums[kFrag];             // raw codes: Σ x per token since the last promotion, in every row
-#pragma unroll
-  for (int e = 0; e < kFrag; ++e) sums[e] = 0.f;
+  float sums[4] = {};            // raw codes: column-sum MMA accumulators since the last promotion
   const int row_in_block = warp * Cfg::kWarpRows + lane / 4;  // row g of tile 0; tile t adds 16 t, g + 8 adds 8
-  uint32_t fresh_partial = 1;  // the next wgmmas start the partials (scale-d = 0) instead of adding
+  uint32_t fresh_partial = 1;  // wgmma: the next wgmmas start the partials (scale-d = 0) instead of adding
+  // mma.sync: ldmatrix.x4 of the token tile over 32 k (k16 steps 2h, 2h + 1): lanes 8q..8q+7 give token
+  // rows 0..7 at 16-byte chunk 4h + q of the swizzled row.
+  const uint32_t x_lane_offset[2] = {(lane % 8) * kXRowBytes + (((lane / 8) ^ (lane % 8)) << 4),
+                                     (lane % 8) * kXRowBytes + (((4 + lane / 8) ^ (lane % 8)) << 4)};
 
   // One atom per __syncthreads: atom i is computed while the copies of the next kStages - 1 are in flight;
   // the slot refilled after the barrier held atom i - 1, whose wgmmas every thread retired before arriving.
@@ -460,7 +475,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   int refill_slot = kStages - 1;       // slot of atom i + kStages - 1 (that of atom i - 1)
   for (int i = 0; i < num_atoms; ++i) {
     ptx::CpAsyncWait<kStages - 2>();   // this thread's copies of atom i landed
-    FenceProxyAsync();                 // ... and are visible to the wgmmas (async proxy) after the barrier
+    if constexpr (kWgmma) FenceProxyAsync();  // ... and are visible to the wgmmas (async proxy) after the barrier
     // A period spans >= 2 atoms. The table of a new period overwrites the buffer of the period two back;
     // a thread still computing atom i - 1 reads the previous period's buffer, not that one.
     const int atom = atom_begin + i;
@@ -486,7 +501,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
     // B = the atom's X tile, K-major with the 128-byte swizzle; k16 step j starts 32 bytes into each row.
-    const uint64_t x_desc = MakeSmemDesc(x_ring + atom_slot * Cfg::kStageXBytes, 16, 8 * kXRowBytes, kSwizzle128B);
+    const uint32_t x_stage = x_ring + atom_slot * Cfg::kStageXBytes;
+    const uint64_t x_desc = MakeSmemDesc(x_stage, 16, 8 * kXRowBytes, kSwizzle128B);
+    uint32_t xk32[4];  // mma.sync: the B fragments of k16 steps j and j + 1 (j even)
 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -508,22 +525,30 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
           Dequantize<T>(Word(words[t], j), sub[t][0], sub[t][1], a[t]);
         }
       }
-      const uint64_t step_desc = x_desc + ((j * 32) >> 4);
-      WgmmaFence();
+      if constexpr (kWgmma) {
+        const uint64_t step_desc = x_desc + ((j * 32) >> 4);
+        WgmmaFence();
 #pragma unroll
-      for (int t = 0; t < kTiles; ++t) Wgmma<kN>::template Half<kBf16>(part[t], a[t], step_desc, !fresh_partial);
-      if constexpr (kRawCodes) {  // ColumnSums
-        constexpr uint32_t kOnes[4] = {kOnesBf16, kOnesBf16, kOnesBf16, kOnesBf16};
-        Wgmma<kN>::template Half<kBf16>(sums, kOnes, step_desc, !fresh_partial);
+        for (int t = 0; t < kTiles; ++t) Wgmma<kN>::template Half<kBf16>(part[t], a[t], step_desc, !fresh_partial);
+        WgmmaCommit();
+        fresh_partial = 0;
+      } else {
+        if (j % 2 == 0) {
+          ptx::LdMatrixX4(xk32, x_stage + x_lane_offset[j / 2]);
+          if constexpr (kRawCodes) ptx::Mma16816<T>(sums, xk32, kOnesBf16, kOnesBf16);  // ColumnSums
+        }
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) ptx::Mma16816<T>(part[t], a[t], xk32[(j % 2) * 2], xk32[(j % 2) * 2 + 1]);
       }
-      WgmmaCommit();
-      fresh_partial = 0;
       const bool partial_ends = j == 3 ? atom_ends_partial : (group32 && j == 1);
       if (partial_ends) {  // promotion: acc += s · Σ x·(q − z), in fp32
-        WgmmaWait<0>();
+        if constexpr (kWgmma) {
+          WgmmaWait<0>();
 #pragma unroll
-        for (int t = 0; t < kTiles; ++t) FenceOperands(part[t]);
-        if constexpr (kRawCodes) FenceOperands(sums);
+          for (int t = 0; t < kTiles; ++t) FenceOperands(part[t]);
+        }
+        float token_sums[2];  // raw codes: Σ x of this lane's tokens 2c, 2c + 1
+        if constexpr (kRawCodes) TokenSums(sums, lane, token_sums);
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           const uint32_t entries[2] = {group_entries[t * kAtomRows], group_entries[t * kAtomRows + 8]};
@@ -531,17 +556,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
           for (int e = 0; e < kFrag; ++e) {
             float exact_part = part[t][e];  // Σ x·(q − z)
             if constexpr (kRawCodes) {      // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
-              exact_part = fmaf(EntryOffsetBf16(entries[(e / 2) % 2]), sums[e], exact_part);
+              exact_part = fmaf(EntryOffsetBf16(entries[e / 2]), token_sums[e % 2], exact_part);
             }
             acc[t][e] = fmaf(EntryScale<T>(entries[(e / 2) % 2]), exact_part, acc[t][e]);
+            if constexpr (!kWgmma) part[t][e] = 0.f;
           }
         }
+        if constexpr (kRawCodes) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sums[e] = 0.f;
+        }
         fresh_partial = 1;
-      } else if (j == 3) {
+      } else if (kWgmma && j == 3) {
         WgmmaWait<0>();  // the atom's slot is refilled after the next barrier
-      } else {
-        // Step j - 1 retired, its A registers free (4 tiles per warp: step j too, or the 128 registers spill).
-        WgmmaWait<kTiles >= 4 ? 0 : 1>();
+      } else if (kWgmma) {
+        WgmmaWait<1>();  // step j - 1 retired: its A registers are free
       }
     }
   }
