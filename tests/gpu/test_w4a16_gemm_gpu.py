@@ -142,6 +142,15 @@ def test_rows_not_a_multiple_of_a_warps_tiles(n):
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, 64, True, dtype, False, True)
 
 
+@pytest.mark.parametrize("m", [8, 9, 24, 32])
+def test_every_token_tile(m):
+    """Every token tile the kernel instantiates, at and just past their edges: 8 tokens (mma.sync), 16, 32
+    and 64 (wgmma of that width; 24 and 32 run the 32-token tile, which the decode shapes skip)."""
+    n, k = 1056, 2048
+    for dtype in (BF16, FP16):
+        run_and_compare(activations((m,), k, dtype, seed=m), n, k, 128, m % 2 == 0, dtype, False, True)
+
+
 def test_leading_dims_and_small_split_k():
     """x (..., K): the leading dims are flattened; 4096 x 4096 runs split-K over 8 CTAs per tile."""
     x = activations((2, 3), 4096, BF16)

@@ -4,13 +4,17 @@
 // the time to stream the 4-bit weights once from HBM.
 //
 // Orientation. W is the MMA's A operand, X the B operand, so 8 tokens fill an MMA (16 in MARLIN's
-// orientation). wgmma m64nNk16, N = 8 x token tiles (8..64), fp32 accumulation: A from registers (each
-// warp dequantizes its own m16 tile into the fragment a warp holds of a 16-row slice of A, the
-// mma.sync m16n8k16 layout, and gets that slice of D back), B = the X tile in shared memory, K-major
-// with the 128-byte swizzle. A warp's tile t of every warp of a warpgroup forms one wgmma, so the MMA
-// count per k16 step and warp is the number of m16 tiles, whatever the tokens, and no X fragment goes
-// through registers (mma.sync took tiles x token tiles MMAs and an ldmatrix per token tile: measured
-// at 64 tokens 140 -> 102 us at 28672 x 8192, 47.4 -> 34.4 us at 8192², session 10).
+// orientation); fp32 accumulation. Each warp dequantizes its own m16 tiles into A fragments in the
+// mma.sync m16n8k16 layout, which is also a warp's 16-row slice of a register A operand of wgmma.
+// The X tile sits in shared memory K-major with the 128-byte swizzle. By the token tile:
+//  * 16-64 tokens: wgmma m64nNk16, N = the token tile, B read by the tensor cores from shared memory.
+//    Tile t of the four warps of a warpgroup forms one wgmma (each warp gets its slice of D back), so
+//    the MMAs per k16 step and warp are the m16 tiles whatever the tokens, and no X fragment passes
+//    through registers (mma.sync took tiles x token tiles MMAs and an ldmatrix per token tile;
+//    measured at 64 tokens: 140 -> 102 us at 28672 x 8192, 47.4 -> 34.4 us at 8192², session 10).
+//  * 8 tokens: mma.sync m16n8k16 with B fragments from ldmatrix (the swizzled addresses). wgmma there
+//    cost 1 x 28672 x 8192 45.4 -> 48.2 us and 4096² 8.8 -> 10.4 us (session 10): with 4 tiles per warp,
+//    128 registers hold one step's A fragments in flight, so every k16 step waited for its wgmmas.
 //
 // Numerics: exact Ŵ. No weight is rounded (MARLIN rounds (q − z)·s to bf16, a 2^-9 relative error per
 // weight); the only roundings are fp32 accumulation and the final cast, like the reference.
@@ -40,17 +44,17 @@
 //    computed): each lane cp.async's its own 16-byte fragment word per m16 tile
 //    (16 rows x 64 k of W in fragment order, L2::evict_first: read exactly once), and
 //    the CTA copies the X tile (rows x 64 k, 16-byte cp.async) into 128-byte rows, chunk c of row r at
-//    chunk c ^ (r % 8) (the wgmma swizzle); each thread fences the async proxy after its copies land,
-//    before the barrier that hands the stage to the wgmmas, and retires the atom's wgmmas
+//    chunk c ^ (r % 8) (the wgmma swizzle); with wgmma each thread fences the async proxy after its
+//    copies land, before the barrier that hands the stage to the wgmmas, and retires the atom's wgmmas
 //    (wait_group 0) before the next barrier frees its slot.
 //  * scale periods: scales and zeros of 4 groups at a time (raw (N, K/G) layout, 2-byte loads, so any
 //    row pitch works) are fetched into registers one period ahead; at the period switch they become a
 //    double-buffered shared table of {16-bit −(magic + z), 16-bit scale} per row and group.
 //  * compute: per k16 step, lop3 + fma dequantization of every m16 tile (the 0x6400 fp16 / 0x4300 bf16
-//    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), one wgmma per tile (raw codes: plus
-//    the column sums), commit; the previous step is retired before the next writes its A registers
-//    (wait_group 1; 0 with 4 tiles per warp, whose second set of A registers spilled and measured
-//    48.4 -> 50.9 us at 1 x 28672 x 8192), and every group end retires all and promotes.
+//    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), then the MMAs. wgmma: one per tile,
+//    commit, and the previous step retired (wait_group 1) before the next writes its A registers;
+//    every group end retires all and promotes. mma.sync (8 tokens): an ldmatrix per two k16 steps,
+//    one MMA per tile (raw codes: plus the column sums), promotion at group ends.
 //  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials of the lanes that hold a token
 //    < M, arrival counter, ordered reduction).
 // Act-order: the weights are stored in argsort(g_idx) order; LaunchGemm first gathers X's columns in
