@@ -470,8 +470,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   uint32_t fresh_partial = 1;  // wgmma: the next wgmmas start the partials (scale-d = 0) instead of adding
   // mma.sync: ldmatrix.x4 of the token tile over 32 k (k16 steps 2h, 2h + 1): lanes 8q..8q+7 give token
   // rows 0..7 at 16-byte chunk 4h + q of the swizzled row.
-  const uint32_t x_lane_offset[2] = {(lane % 8) * kXRowBytes + (((lane / 8) ^ (lane % 8)) << 4),
-                                     (lane % 8) * kXRowBytes + (((4 + lane / 8) ^ (lane % 8)) << 4)};
+  const uint32_t x_lane_offset[2] = {
+      static_cast<uint32_t>((lane % 8) * kXRowBytes + (((lane / 8) ^ (lane % 8)) << 4)),
+      static_cast<uint32_t>((lane % 8) * kXRowBytes + (((4 + lane / 8) ^ (lane % 8)) << 4))};
 
   // One atom per __syncthreads: atom i is computed while the copies of the next kStages - 1 are in flight;
   // the slot refilled after the barrier held atom i - 1, whose wgmmas every thread retired before arriving.
