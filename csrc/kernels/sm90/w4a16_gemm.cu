@@ -322,14 +322,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   // bf16 up to 8 tokens: raw codes and column sums (see the dequantization notes).
   constexpr bool kRawCodes = std::is_same_v<T, __nv_bfloat16> && kMTiles <= kMaxRawCodeMTiles;
   // One token tile: mma.sync (see Orientation); wider tiles: wgmma.
-  constexpr bool kWgmma = W4a16UsesWgmma(kMTiles);
+  constexpr bool kWgmma = kMTiles > 1;
   static_assert(!(kRawCodes && kWgmma), "raw codes are an mma.sync path: their column sums use its fragments");
   extern __shared__ __align__(128) uint8_t smem_raw[];
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
-  const int threads = blockDim.x;  // W4a16Threads(p.warps, kMTiles)
+  const int threads = blockDim.x;  // whole warpgroups: W4a16Threads(p.warps)
   const int block_rows = p.warps * Cfg::kWarpRows;
   const int tile = blockIdx.x / p.splits;
   const int split = blockIdx.x % p.splits;
@@ -496,9 +496,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     const int atom_slot = slot;
     slot = next_slot(slot, 1);
     refill_slot = next_slot(refill_slot, 1);
-    // A warp without rows: with mma.sync it has nothing to compute; wgmma needs every warp of the
-    // warpgroup, so it issues them on zero fragments and skips the loads, dequantization and promotion.
-    if (!kWgmma && !warp_active) continue;
 
     const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
     const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 || atom + 1 == atom_end;
@@ -507,7 +504,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     const uint32_t weight_addr = weight_ring + atom_slot * Cfg::kStageWeightBytes + weight_lane_offset;
     uint4 words[kTiles];
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) words[t] = warp_active ? LoadShared128(weight_addr + t * kAtomBytes) : uint4{};
+    for (int t = 0; t < kTiles; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
     // B = the atom's X tile, K-major with the 128-byte swizzle; k16 step j starts 32 bytes into each row.
     const uint32_t x_stage = x_ring + atom_slot * Cfg::kStageXBytes;
     const uint64_t x_desc = MakeSmemDesc(x_stage, 16, 8 * kXRowBytes, kSwizzle128B);
@@ -517,22 +514,20 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
     for (int j = 0; j < 4; ++j) {
       // Group j / 2 of the atom (32-wide groups) or its only group; its table entries.
       const uint32_t* group_entries = scale_table + table_index + (group32 && j >= 2 ? Cfg::kBlockRows : 0);
-      if (!kRawCodes && warp_active && ((j == 0 && atom_starts_group) || (group32 && j == 2))) {  // a group starts
+      if (!kRawCodes && ((j == 0 && atom_starts_group) || (group32 && j == 2))) {  // a group starts
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           sub[t][0] = EntrySubtrahend(group_entries[t * kAtomRows]);
           sub[t][1] = EntrySubtrahend(group_entries[t * kAtomRows + 8]);
         }
       }
-      uint32_t a[kTiles][4] = {};
-      if (warp_active) {
+      uint32_t a[kTiles][4];
 #pragma unroll
-        for (int t = 0; t < kTiles; ++t) {
-          if constexpr (kRawCodes) {
-            RawCodesBf16(Word(words[t], j), a[t]);
-          } else {
-            Dequantize<T>(Word(words[t], j), sub[t][0], sub[t][1], a[t]);
-          }
+      for (int t = 0; t < kTiles; ++t) {
+        if constexpr (kRawCodes) {
+          RawCodesBf16(Word(words[t], j), a[t]);
+        } else {
+          Dequantize<T>(Word(words[t], j), sub[t][0], sub[t][1], a[t]);
         }
       }
       if constexpr (kWgmma) {
@@ -559,19 +554,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
         }
         float token_sums[2];  // raw codes: Σ x of this lane's tokens 2c, 2c + 1
         if constexpr (kRawCodes) TokenSums(sums, lane, token_sums);
-        if (warp_active) {
 #pragma unroll
-          for (int t = 0; t < kTiles; ++t) {
-            const uint32_t entries[2] = {group_entries[t * kAtomRows], group_entries[t * kAtomRows + 8]};
+        for (int t = 0; t < kTiles; ++t) {
+          const uint32_t entries[2] = {group_entries[t * kAtomRows], group_entries[t * kAtomRows + 8]};
 #pragma unroll
-            for (int e = 0; e < kFrag; ++e) {
-              float exact_part = part[t][e];  // Σ x·(q − z)
-              if constexpr (kRawCodes) {      // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
-                exact_part = fmaf(EntryOffsetBf16(entries[e / 2]), token_sums[e % 2], exact_part);
-              }
-              acc[t][e] = fmaf(EntryScale<T>(entries[(e / 2) % 2]), exact_part, acc[t][e]);
-              if constexpr (!kWgmma) part[t][e] = 0.f;
+          for (int e = 0; e < kFrag; ++e) {
+            float exact_part = part[t][e];  // Σ x·(q − z)
+            if constexpr (kRawCodes) {      // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
+              exact_part = fmaf(EntryOffsetBf16(entries[e / 2]), token_sums[e % 2], exact_part);
             }
+            acc[t][e] = fmaf(EntryScale<T>(entries[(e / 2) % 2]), exact_part, acc[t][e]);
+            if constexpr (!kWgmma) part[t][e] = 0.f;
           }
         }
         if constexpr (kRawCodes) {
@@ -703,7 +696,7 @@ cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, cud
     return status;
   }
   const dim3 grid(plan.n_tiles * plan.splits, plan.m_blocks);
-  kernel<<<grid, W4a16Threads(plan.warps, kMTiles), kSmem, stream>>>(params);
+  kernel<<<grid, W4a16Threads(plan.warps), kSmem, stream>>>(params);
   return cudaGetLastError();
 }
 

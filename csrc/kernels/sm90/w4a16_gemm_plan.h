@@ -106,7 +106,7 @@ struct W4a16Problem {
 struct W4a16Launch {
   int m_tiles;   // n8 token tiles per CTA: 1, 2, 4 or 8
   int m_blocks;  // CTAs along the tokens
-  int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (W4a16Threads: the warps launched)
+  int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (W4a16Threads launches whole warpgroups)
   int n_tiles;
   int splits;    // split-K factor
 };
@@ -126,15 +126,9 @@ constexpr bool W4a16ShapeSupported(const W4a16Problem& p) {
 
 constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The MMA of a token tile: wgmma from 16 tokens on, mma.sync for 8 (w4a16_gemm.cu, Orientation).
-constexpr bool W4a16UsesWgmma(int m_tiles) { return m_tiles > 1; }
-
-// Threads of a CTA with `warps` row-owning warps. wgmma is issued by all four warps of a warpgroup, so
-// those CTAs launch whole warpgroups: the extra warps own no rows, join the wgmmas with zero fragments
-// and store nothing.
-constexpr int W4a16Threads(int warps, int m_tiles) {
-  return W4a16UsesWgmma(m_tiles) ? static_cast<int>(CeilDiv(warps, 4)) * 128 : warps * 32;
-}
+// Threads of a CTA with `warps` row-owning warps: whole warpgroups, since wgmma is issued by all four
+// warps of one; the extra warps own no rows (they join the wgmmas and store nothing).
+constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4)) * 128; }
 
 // One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
 // largest CTA's bytes over its share of the SM's bandwidth, and an SM with fewer than
