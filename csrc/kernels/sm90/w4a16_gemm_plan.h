@@ -127,7 +127,9 @@ constexpr bool W4a16ShapeSupported(const W4a16Problem& p) {
 constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Threads of a CTA with `warps` row-owning warps: whole warpgroups, since wgmma is issued by all four
-// warps of one; the extra warps own no rows (they join the wgmmas and store nothing).
+// warps of one. The extra warps own no rows: they run the loop on stale shared memory and store nothing
+// (skipping their work behind a branch, and launching only the row-owning warps for mma.sync, measured
+// slower in session 10: benchmarks/NOTES.md).
 constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4)) * 128; }
 
 // One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
