@@ -559,11 +559,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
           const uint32_t entries[2] = {group_entries[t * kAtomRows], group_entries[t * kAtomRows + 8]};
 #pragma unroll
           for (int e = 0; e < kFrag; ++e) {
-            float exact_part = part[t][e];  // Σ x·(q − z)
-            if constexpr (kRawCodes) {      // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
-              exact_part = fmaf(EntryOffsetBf16(entries[e / 2]), token_sums[e % 2], exact_part);
+            const uint32_t entry = entries[(e / 2) % 2];  // row g or g + 8
+            float exact_part = part[t][e];                 // Σ x·(q − z)
+            if constexpr (kRawCodes) {                     // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
+              exact_part = fmaf(EntryOffsetBf16(entry), token_sums[e % 2], exact_part);
             }
-            acc[t][e] = fmaf(EntryScale<T>(entries[(e / 2) % 2]), exact_part, acc[t][e]);
+            acc[t][e] = fmaf(EntryScale<T>(entry), exact_part, acc[t][e]);
             if constexpr (!kWgmma) part[t][e] = 0.f;
           }
         }

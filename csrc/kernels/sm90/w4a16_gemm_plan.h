@@ -141,15 +141,15 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   plan.m_tiles = p.m <= 8 ? 1 : p.m <= 16 ? 2 : p.m <= 32 ? 4 : 8;
   plan.m_blocks = static_cast<int>(CeilDiv(p.m, 8 * plan.m_tiles));
   const int64_t atoms = p.k / kAtomCols;
+  const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
+  int64_t max_splits = std::max<int64_t>(1, atoms / kMinAtomsPerSplit);
+  if (8 * plan.m_tiles == kMaxTokensPerBlock) max_splits = std::min<int64_t>(max_splits, kMaxSplitsAt64Tokens);
   int64_t best_cost = INT64_MAX;
   int64_t best_ctas = 0;
   for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
     const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles));
     const int64_t tiles = n_tiles * plan.m_blocks;
-    const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
-    const int64_t max_splits = std::max<int64_t>(1, atoms / kMinAtomsPerSplit);
-    const int64_t splits =
-        std::clamp<int64_t>(slots / tiles, 1, plan.m_tiles == 8 ? std::min<int64_t>(max_splits, kMaxSplitsAt64Tokens) : max_splits);
+    const int64_t splits = std::clamp<int64_t>(slots / tiles, 1, max_splits);
     const int64_t waves = CeilDiv(tiles * splits, slots);
     const int64_t warps_per_sm = int64_t{warps} * CtasPerSm(plan.m_tiles);
     const int64_t cost = waves * warps * CeilDiv(atoms, splits) * kSaturatingWarpsPerSm /
