@@ -147,12 +147,6 @@ struct KernelParams {
 
 // --------------------------------------------------------------------------------------- PTX helpers
 
-__device__ __forceinline__ uint64_t EvictFirstPolicy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
 // Weights: streamed once, so they must not push X and the scales out of L2.
 __device__ __forceinline__ void CopyAsyncStreaming(uint32_t dst, const void* src, uint64_t policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
@@ -360,7 +354,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   uint32_t* scale_table = reinterpret_cast<uint32_t*>(smem + Cfg::kTableOffset);  // ScaleTableEntry
 
   // ---- main ring: producer side
-  const uint64_t evict_first = EvictFirstPolicy();
+  const uint64_t evict_first = ptx::L2EvictFirstPolicy();
   const uint32_t row_block_bytes = p.atoms * kAtomBytes;  // k / 2 < 2^23
   const uint32_t upper_pair_bytes = warp_tiles == kTiles ? 2 * row_block_bytes : 0;
   const uint8_t* weight_src = p.qweight +

@@ -490,13 +490,7 @@ __device__ __forceinline__ void TmaLoad3d(const CUtensorMap& map, uint32_t dst, 
 // L2 policies for the weight stream: evict-first when every weight is read once (one token tile), so the
 // stream does not push the scales, activations and outputs out of L2; normal when other token tiles re-read it.
 __device__ __forceinline__ uint64_t WeightL2Policy(bool read_once) {
-  uint64_t policy;
-  if (read_once) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  } else {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  }
-  return policy;
+  return read_once ? ptx::L2EvictFirstPolicy() : ptx::L2EvictNormalPolicy();
 }
 
 __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
