@@ -46,6 +46,7 @@ BLOCK_K = 64  # columns of a block: one weight group (two wgmma k32 steps)
 BLOCK_BYTES = BLOCK_N * BLOCK_K // 2  # 128 threads x 16 bytes
 KERNEL_N_MULTIPLE = 128  # the kernel's tile of output columns
 KERNEL_K_MULTIPLE = 128  # the kernel's K per pipeline stage
+GROUPS_PER_STAGE = KERNEL_K_MULTIPLE // BLOCK_K  # weight groups per stage: the last axis of the prepacked scales
 
 # The logical bytes (padded) viewed as (nb, w, ph, g, kb, j, t, pl): row = 64 nb + 16 w + 8 ph + g, byte
 # column = 32 kb + 8 j + 2 t + pl. The prepacked array is (nb, kb) blocks x (w, g, t) threads x (j, ph, pl)
@@ -90,7 +91,7 @@ def prepack(qweight: ArrayLike) -> jax.Array:
 
 def prepacked_scales_shape(n: int, k: int) -> tuple[int, int, int]:
     """Shape of the prepacked ``(N, K/64)`` weight scales: ``(K/128, N, 2)`` (K a multiple of 128)."""
-    return (k // KERNEL_K_MULTIPLE, n, KERNEL_K_MULTIPLE // BLOCK_K)
+    return (k // KERNEL_K_MULTIPLE, n, GROUPS_PER_STAGE)
 
 
 def prepacked_scales_sizes(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -103,24 +104,22 @@ def prepacked_scales_sizes(shape: tuple[int, ...]) -> tuple[int, int]:
 def prepack_scales(wscales: ArrayLike) -> jax.Array:
     """Logical ``(N, K/64)`` weight scales -> the stage-major kernel layout ``(K/128, N, 2)`` (module docstring)."""
     wscales = jnp.asarray(wscales)
-    groups_per_stage = KERNEL_K_MULTIPLE // BLOCK_K
-    if wscales.ndim != 2 or wscales.shape[1] % groups_per_stage:
+    if wscales.ndim != 2 or wscales.shape[1] % GROUPS_PER_STAGE:
         raise ValueError(
             f"wscales must be (N, K/64) with K a multiple of {KERNEL_K_MULTIPLE} (an even number of groups), "
             f"got {tuple(wscales.shape)}"
         )
     n, groups = wscales.shape
-    return wscales.reshape(n, groups // groups_per_stage, groups_per_stage).transpose(1, 0, 2)
+    return wscales.reshape(n, groups // GROUPS_PER_STAGE, GROUPS_PER_STAGE).transpose(1, 0, 2)
 
 
 def unprepack_scales(prepacked_scales: ArrayLike) -> jax.Array:
     """The stage-major ``(K/128, N, 2)`` layout -> logical ``(N, K/64)``, the inverse of :func:`prepack_scales`."""
     prepacked_scales = jnp.asarray(prepacked_scales)
-    groups_per_stage = KERNEL_K_MULTIPLE // BLOCK_K
-    if prepacked_scales.ndim != 3 or prepacked_scales.shape[2] != groups_per_stage:
+    if prepacked_scales.ndim != 3 or prepacked_scales.shape[2] != GROUPS_PER_STAGE:
         raise ValueError(f"prepacked scales must be (K/128, N, 2), got {tuple(prepacked_scales.shape)}")
     stages, n, _ = prepacked_scales.shape
-    return prepacked_scales.transpose(1, 0, 2).reshape(n, stages * groups_per_stage)
+    return prepacked_scales.transpose(1, 0, 2).reshape(n, stages * GROUPS_PER_STAGE)
 
 
 def unprepack(prepacked: ArrayLike, n: int, k: int) -> jax.Array:
