@@ -243,12 +243,14 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
         assert p.stage_bytes == p.stage_weight_bytes + p.stage_x_bytes
         assert p.ring_bytes == p.stages * p.stage_bytes
         assert p.scale_tables_bytes == 2 * 4 * p.block_rows * 4  # 2 buffers x 4 groups x rows x (16-bit sub, scale)
-        assert p.total_bytes == p.ring_bytes + p.scale_tables_bytes + 1024  # + slack to align the swizzle atoms
+        assert p.barrier_bytes == p.stages * 2 * 8  # a full and an empty mbarrier per stage
+        assert p.total_bytes == p.ring_bytes + p.barrier_bytes + p.scale_tables_bytes + 1024  # + swizzle slack
         assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
         assert p.fits and 4 <= p.stages <= 16
         assert p.total_bytes <= budget.SMEM_PER_BLOCK and p.per_sm_bytes <= budget.SMEM_PER_SM
         if p.stages < 16:  # one more stage would break the designed CTAs per SM
-            assert p.ctas_per_sm * (p.total_bytes + p.stage_bytes + budget.SMEM_RESERVED_PER_CTA) > budget.SMEM_PER_SM
+            one_more = p.total_bytes + p.stage_bytes + 2 * 8
+            assert p.ctas_per_sm * (one_more + budget.SMEM_RESERVED_PER_CTA) > budget.SMEM_PER_SM
     assert [p.ctas_per_sm for p in plans] == [2, 2, 1, 1]
 
 

@@ -84,6 +84,7 @@
 
 #include "common/arrival_counters.h"
 #include "common/ptx.h"
+#include "common/tma.h"
 #include "common/wgmma.h"
 #include "kernels/sm90/w4a16_gemm.h"
 #include "kernels/sm90/w4a16_gemm_plan.h"
@@ -107,16 +108,15 @@ struct Config {
   static constexpr int kBlockRows = kPlan.block_rows;  // with kMaxWarps warps
   static constexpr int kStageWeightBytes = kPlan.stage_weight_bytes;
   static constexpr int kStageXBytes = kPlan.stage_x_bytes;
-  // X tile copies per thread and stage (16 B each; at least kMinWarps warps share them).
-  static constexpr int kXCopiesPerThread = (kBlockM * 8 + kMinWarps * 32 - 1) / (kMinWarps * 32);
   static constexpr int kTableEntries = kGroupsPerPeriod * kBlockRows;  // one buffer of the scale table
   static constexpr int kPeriodEntriesPerThread = kGroupsPerPeriod * kWarpRows / 32;
   static constexpr int kStages = kPlan.stages;
   static constexpr int kWeightRingOffset = 0;
   static constexpr int kXRingOffset = kWeightRingOffset + kStages * kStageWeightBytes;
   static constexpr int kTableOffset = kXRingOffset + kStages * kStageXBytes;
+  static constexpr int kBarrierOffset = kTableOffset + kPlan.scale_tables_bytes;  // full[kStages], empty[kStages]
   // + the slack that aligns the dynamic base to the 1 KB swizzle atom
-  static constexpr int kSmemBytes = kTableOffset + kPlan.scale_tables_bytes + budget::kSwizzledAlign;
+  static constexpr int kSmemBytes = kBarrierOffset + kPlan.barrier_bytes + budget::kSwizzledAlign;
 
   static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kGroupsPerPeriod % 2 == 0, "32-wide groups come in pairs per atom");
@@ -128,11 +128,15 @@ struct Config {
   static_assert(kXRingOffset % budget::kSwizzledAlign == 0 && kStageXBytes % budget::kSwizzledAlign == 0,
                 "every X stage starts a 128-byte-swizzle atom (8 rows x 128 B): the wgmma descriptor's base");
   static_assert(kTableOffset % 16 == 0, "16-byte aligned scale table");
+  static_assert(kBarrierOffset % budget::kMbarrierBytes == 0, "aligned mbarriers");
+  static_assert(kPlan.barrier_bytes == 2 * kStages * budget::kMbarrierBytes, "a full and an empty barrier per stage");
+  static_assert(kStageWeightBytes + kStageXBytes < (1 << 20), "mbarrier tx-count range");
 };
 
+// The weights and X come through tensor maps (LaunchForDtype): the prepacked weights as (atoms x 64 u64,
+// n / 16 row blocks), box (64, warps x tiles per warp); X (or its act-order gather) as (k, m), box
+// (64, block_m), 128-byte swizzle.
 struct KernelParams {
-  const void* x;             // (m, k) activations, or their act-order gather
-  const uint8_t* qweight;    // prepacked weights: row block nb at nb * atoms * 512 bytes
   const void* scales;        // (n, groups) raw
   const uint8_t* zeros;      // (n, groups) raw, or nullptr
   const void* bias;          // (n,) or nullptr
@@ -146,16 +150,6 @@ struct KernelParams {
 };
 
 // --------------------------------------------------------------------------------------- PTX helpers
-
-// Weights: streamed once, so they must not push X and the scales out of L2.
-__device__ __forceinline__ void CopyAsyncStreaming(uint32_t dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
-               :: "r"(dst), "l"(src), "l"(policy) : "memory");
-}
-
-__device__ __forceinline__ void CopyAsync(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
-}
 
 
 __device__ __forceinline__ uint4 LoadShared128(uint32_t addr) {
@@ -309,7 +303,9 @@ __device__ __forceinline__ int GroupOfAtom(int atom, int group_shift) {
 // ---------------------------------------------------------------------------------------- the GEMM
 
 template <typename T, int kMTiles>
-__global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W4a16GemmKernel(const KernelParams p) {
+__global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
+    W4a16GemmKernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x,
+                    const __grid_constant__ KernelParams p) {
   using Cfg = Config<kMTiles>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kTiles = Cfg::kTilesPerWarp;
@@ -323,7 +319,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
-  const int threads = blockDim.x;  // whole warpgroups: W4a16Threads(p.warps)
+  const int launched_warps = blockDim.x / 32;  // whole warpgroups: W4a16Threads(p.warps)
   const int block_rows = p.warps * Cfg::kWarpRows;
   const int tile = blockIdx.x / p.splits;
   const int split = blockIdx.x % p.splits;
@@ -334,9 +330,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   const int atom_begin = static_cast<int>(static_cast<int64_t>(split) * p.atoms / p.splits);
   const int atom_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.atoms / p.splits);
   const int num_atoms = atom_end - atom_begin;
-  // m16 tiles of this warp inside N: 0 or a multiple of 2 (N % 32 == 0). A warp with only its first pair
-  // inside N loads that pair into the slots of the second too (no out-of-bounds reads) and stores only
-  // the first pair.
+  // m16 tiles of this warp inside N: 0 or a multiple of 2 (N % 32 == 0). Tiles past N arrive as the TMA's
+  // zeros and are never stored.
   const int warp_tiles =
       warp < p.warps ? max(0, min(kTiles, (p.n - n0 - warp * Cfg::kWarpRows) / kAtomRows)) : 0;
   const bool warp_active = warp_tiles > 0;
@@ -352,57 +347,30 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   const uint32_t weight_ring = smem_base + Cfg::kWeightRingOffset;
   const uint32_t x_ring = smem_base + Cfg::kXRingOffset;
   uint32_t* scale_table = reinterpret_cast<uint32_t*>(smem + Cfg::kTableOffset);  // ScaleTableEntry
+  const uint32_t full_barriers = smem_base + Cfg::kBarrierOffset;  // stage s: + 8 s
+  const uint32_t empty_barriers = full_barriers + kStages * budget::kMbarrierBytes;
+  auto full_barrier = [&](int slot) { return full_barriers + slot * static_cast<uint32_t>(budget::kMbarrierBytes); };
+  auto empty_barrier = [&](int slot) { return empty_barriers + slot * static_cast<uint32_t>(budget::kMbarrierBytes); };
 
-  // ---- main ring: producer side
+  // ---- main ring: one producer thread, lane 0 of the last warp (an idle warp when the plan has one).
+  // Per stage two TMA boxes: the weights of every row-owning warp's tiles (row blocks n0 / 16 ..,
+  // contiguous, in the order warp x tiles + t, L2::evict_first: read exactly once) and the X tile (rows
+  // past M arrive as zeros, so their MMA columns stay finite).
+  const bool producer = tid == (launched_warps - 1) * 32;
+  const uint32_t stage_tx_bytes = p.warps * kTiles * kAtomBytes + Cfg::kStageXBytes;
   const uint64_t evict_first = ptx::L2EvictFirstPolicy();
-  const uint32_t row_block_bytes = p.atoms * kAtomBytes;  // k / 2 < 2^23
-  const uint32_t upper_pair_bytes = warp_tiles == kTiles ? 2 * row_block_bytes : 0;
-  const uint8_t* weight_src = p.qweight +
-                              static_cast<size_t>((n0 + warp * Cfg::kWarpRows) / kAtomRows) * row_block_bytes + lane * 16;
-  const uint32_t weight_lane_offset = (warp * kTiles * 32 + lane) * 16;
-  const T* x_src = static_cast<const T*>(p.x) + static_cast<size_t>(m0) * p.k;
-  int x_src_offset[Cfg::kXCopiesPerThread];  // element offset of this thread's 16-byte X chunks, or -1
-  uint32_t x_dst_offset[Cfg::kXCopiesPerThread];
-#pragma unroll
-  for (int q = 0; q < Cfg::kXCopiesPerThread; ++q) {
-    const int chunk = tid + q * threads;
-    const int row = chunk / 8, column_chunk = chunk % 8;  // 16-byte chunk of the row's 64 k
-    x_src_offset[q] = chunk < rows_m * 8 ? row * p.k + column_chunk * 8 : -1;
-    x_dst_offset[q] = row * kXRowBytes + ((column_chunk ^ (row % 8)) * 16);  // 128-byte swizzle
-  }
-
   auto issue_stage = [&](int i, int slot) {
     const int atom = atom_begin + i;
-    if (warp_active) {
-      const uint32_t dst = weight_ring + slot * Cfg::kStageWeightBytes + weight_lane_offset;
-      const uint8_t* src = weight_src + atom * kAtomBytes;
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-        CopyAsyncStreaming(dst + t * kAtomBytes, src + (t % 2) * row_block_bytes + (t / 2) * upper_pair_bytes,
-                           evict_first);
-      }
-    }
-    const uint32_t x_dst = x_ring + slot * Cfg::kStageXBytes;
-#pragma unroll
-    for (int q = 0; q < Cfg::kXCopiesPerThread; ++q) {
-      if (x_src_offset[q] >= 0) CopyAsync(x_dst + x_dst_offset[q], x_src + x_src_offset[q] + atom * kAtomCols);
-    }
+    const uint32_t full = full_barrier(slot);
+    tma::MbarArriveExpectTx(full, stage_tx_bytes);
+    tma::TmaLoad2dHint(tm_w, weight_ring + slot * Cfg::kStageWeightBytes, full, atom * (kAtomBytes / 8),
+                       n0 / kAtomRows, evict_first);
+    tma::TmaLoad2d(tm_x, x_ring + slot * Cfg::kStageXBytes, full, atom * kAtomCols, m0);
   };
-  auto next_slot = [](int slot, int step) { return slot + step >= kStages ? slot + step - kStages : slot + step; };
 
-  // Rows of the X tile past M are never copied: zero them once so their MMA columns stay finite (the
-  // first atom's proxy fence publishes them to the wgmmas).
-  {
-    const int pad_chunks = (Cfg::kBlockM - rows_m) * (kXRowBytes / 16);
-    for (int c = tid; c < kStages * pad_chunks; c += threads) {
-      const int stage = c / pad_chunks, chunk = c % pad_chunks;
-      *reinterpret_cast<uint4*>(smem + Cfg::kXRingOffset + stage * Cfg::kStageXBytes + rows_m * kXRowBytes +
-                                chunk * 16) = make_uint4(0, 0, 0, 0);
-    }
-  }
-
-  // ---- scale periods: kGroupsPerPeriod groups of every row of the CTA, fetched one period ahead into
-  // registers (16-bit scale | zero << 16), turned into table entries at the switch.
+  // ---- scale periods: kGroupsPerPeriod groups of each of the warp's rows, fetched one period ahead into
+  // registers (16-bit scale | zero << 16), turned into table entries at the switch. A warp reads only
+  // its own rows' entries, so a __syncwarp publishes them.
   const int group_first = GroupOfAtom(atom_begin, p.group_shift);
   const int group_last = (atom_end * kAtomCols - 1) >> p.group_shift;
   const uint16_t* scale_bits = static_cast<const uint16_t*>(p.scales);
@@ -411,9 +379,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   auto fetch_period = [&](int period) {
 #pragma unroll
     for (int j = 0; j < Cfg::kPeriodEntriesPerThread; ++j) {
-      // < kGroupsPerPeriod x the launched warps' rows (those of warps without rows are never read)
-      const unsigned entry = tid + j * threads;
-      const int row = entry / kGroupsPerPeriod;
+      const int entry = lane + j * 32;
+      const int row = warp * Cfg::kWarpRows + entry / kGroupsPerPeriod;
       const int group = group_first + period * kGroupsPerPeriod + entry % kGroupsPerPeriod;
       const bool valid = group <= group_last && n0 + row < p.n;
       const size_t index = static_cast<size_t>(n0 + row) * p.groups + group;
@@ -424,25 +391,37 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
   };
   auto store_period = [&](int period) {
     const int buffer = (period & 1) * Cfg::kTableEntries;
+    __syncwarp();  // every lane is past the atoms that read this buffer's previous period
 #pragma unroll
     for (int j = 0; j < Cfg::kPeriodEntriesPerThread; ++j) {
-      const unsigned entry = tid + j * threads;
-      const int row = entry / kGroupsPerPeriod;
+      const int entry = lane + j * 32;
+      const int row = warp * Cfg::kWarpRows + entry / kGroupsPerPeriod;
       scale_table[buffer + (entry % kGroupsPerPeriod) * Cfg::kBlockRows + row] =
           ScaleTableEntry(NegatedSubtrahend<T>(staged[j] >> 16, row % kAtomRows >= 8), staged[j]);
     }
+    __syncwarp();
   };
 
   int period = 0;
   // The first period's scale loads go out before the ring's first stages, not behind them (measured:
   // -1 to -3% at 1 x 28672 x 8192 in three runs; the prologue waits on them).
   fetch_period(0);
-#pragma unroll 1
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < num_atoms) issue_stage(i, i);
-    ptx::CpAsyncCommit();
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::MbarInit(full_barrier(s), 1);                // the producer's arrive.expect_tx, then the bytes
+      tma::MbarInit(empty_barrier(s), launched_warps);  // one arrival per warp once its reads are done
+    }
+    tma::FenceMbarInit();
   }
-  store_period(0);  // published by the first main-loop barrier
+  if (producer) {
+    tma::TmaPrefetch(tm_w);
+    tma::TmaPrefetch(tm_x);
+  }
+  __syncthreads();  // the barriers are initialized
+  if (producer) {
+    for (int i = 0; i < kStages - 1 && i < num_atoms; ++i) issue_stage(i, i);
+  }
+  store_period(0);
   fetch_period(1);
 
   // ---- compute state. A wgmma accumulator of N = 8 kMTiles tokens holds, per warp, the m16 tile's
@@ -468,15 +447,18 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
       static_cast<uint32_t>((lane % 8) * kXRowBytes + (((lane / 8) ^ (lane % 8)) << 4)),
       static_cast<uint32_t>((lane % 8) * kXRowBytes + (((4 + lane / 8) ^ (lane % 8)) << 4))};
 
-  // One atom per __syncthreads: atom i is computed while the copies of the next kStages - 1 are in flight;
-  // the slot refilled after the barrier held atom i - 1, whose wgmmas every thread retired before arriving.
-  int slot = 0;                        // slot of atom i
-  int refill_slot = kStages - 1;       // slot of atom i + kStages - 1 (that of atom i - 1)
+  // Atom i is computed while the TMA boxes of the next kStages - 1 are in flight. Before computing atom
+  // i the producer refills the slot of atom i - 1 once every warp has released it (its empty barrier).
+  int slot = 0;             // slot of atom i
+  uint32_t full_phase = 0;  // parity of the slot's full barrier for atom i: flips when the slot wraps
   for (int i = 0; i < num_atoms; ++i) {
-    ptx::CpAsyncWait<kStages - 2>();   // this thread's copies of atom i landed
-    if constexpr (kWgmma) FenceProxyAsync();  // ... and are visible to the wgmmas (async proxy) after the barrier
-    // A period spans >= 2 atoms. The table of a new period overwrites the buffer of the period two back;
-    // a thread still computing atom i - 1 reads the previous period's buffer, not that one.
+    if (producer && i + kStages - 1 < num_atoms) {
+      const int refill = i + kStages - 1;  // its slot last held atom refill - kStages = i - 1
+      if (i > 0) tma::MbarWait(empty_barrier(refill % kStages), (refill / kStages - 1) & 1);
+      issue_stage(refill, refill % kStages);
+    }
+    // A period spans >= 2 atoms. The table of a new period overwrites the buffer of the period two back,
+    // which the warp's atoms before i no longer read.
     const int atom = atom_begin + i;
     const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
     if (static_cast<int>(local_group / kGroupsPerPeriod) != period) {
@@ -484,18 +466,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
       store_period(period);
       fetch_period(period + 1);
     }
-    __syncthreads();  // atom i and the table visible to all; the slot of atom i - 1 free
-    if (i + kStages - 1 < num_atoms) issue_stage(i + kStages - 1, refill_slot);
-    ptx::CpAsyncCommit();
+    tma::MbarWait(full_barrier(slot), full_phase);  // atom i's weights and X landed
     const int atom_slot = slot;
-    slot = next_slot(slot, 1);
-    refill_slot = next_slot(refill_slot, 1);
+    slot = slot + 1 == kStages ? 0 : slot + 1;
+    full_phase ^= slot == 0;
 
     const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
     const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 || atom + 1 == atom_end;
     const int table_index = ((local_group / kGroupsPerPeriod) & 1) * Cfg::kTableEntries +
                             (local_group % kGroupsPerPeriod) * Cfg::kBlockRows + row_in_block;
-    const uint32_t weight_addr = weight_ring + atom_slot * Cfg::kStageWeightBytes + weight_lane_offset;
+    const uint32_t weight_addr = weight_ring + atom_slot * Cfg::kStageWeightBytes + (warp * kTiles * 32 + lane) * 16;
     uint4 words[kTiles];
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
@@ -568,11 +548,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm) W
         }
         fresh_partial = 1;
       } else if (kWgmma && j == 3) {
-        WgmmaWait<0>();  // the atom's slot is refilled after the next barrier
+        WgmmaWait<0>();  // the atom's wgmmas have read its slot
       } else if (kWgmma) {
         WgmmaWait<1>();  // step j - 1 retired: its A registers are free
       }
     }
+    __syncwarp();  // every lane's reads of the slot are done
+    if (lane == 0) tma::MbarArrive(empty_barrier(atom_slot));
   }
 
   // ---- split-K: fragment-order partials, the last CTA of the tile sums them in split order
@@ -681,17 +663,30 @@ int Log2(int64_t power_of_two) {
   return log;
 }
 
+// x: the activations or their act-order gather (m, k); qweight: the prepacked weights.
 template <typename T, int kMTiles>
-cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, cudaStream_t stream) {
+cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, const void* x, const void* qweight,
+                        cudaStream_t stream) {
+  using Cfg = Config<kMTiles>;
   auto* kernel = &W4a16GemmKernel<T, kMTiles>;
-  constexpr int kSmem = Config<kMTiles>::kSmemBytes;
+  constexpr int kSmem = Cfg::kSmemBytes;
+  const uint64_t m = params.m, k = params.k, row_blocks = params.n / kAtomRows;
+  const uint64_t row_block_words = uint64_t(params.atoms) * kAtomBytes / 8;  // row block nb at nb x atoms x 512 B
+  CUtensorMap tm_w{}, tm_x{};
+  const bool encoded =
+      tma::EncodeTiled<2>(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT64, qweight, {row_block_words, row_blocks},
+                          {row_block_words * 8}, {kAtomBytes / 8, uint32_t(plan.warps * Cfg::kTilesPerWarp)},
+                          CU_TENSOR_MAP_SWIZZLE_NONE) &&
+      tma::EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {k, m}, {k * sizeof(T)},
+                          {uint32_t(kAtomCols), uint32_t(Cfg::kBlockM)}, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (!encoded) return cudaErrorInvalidValue;
   // Per call, not once per process: the attribute belongs to the current device's context.
   if (cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
       status != cudaSuccess) {
     return status;
   }
   const dim3 grid(plan.n_tiles * plan.splits, plan.m_blocks);
-  kernel<<<grid, W4a16Threads(plan.warps), kSmem, stream>>>(params);
+  kernel<<<grid, W4a16Threads(plan.warps), kSmem, stream>>>(tm_w, tm_x, params);
   return cudaGetLastError();
 }
 
@@ -702,7 +697,7 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
   const int32_t* tail = args.qweight + (args.n / kAtomRows) * 2 * args.k;  // perm, then the flag
 
   KernelParams params{};
-  params.x = args.x;
+  const void* x = args.x;
   if (args.g_idx != nullptr) {
     T* x_perm = reinterpret_cast<T*>(base + ws.x_perm);
     const dim3 grid(static_cast<unsigned>((args.k + 255) / 256), static_cast<unsigned>(std::min<int64_t>(args.m, kMaxGridY)));
@@ -710,14 +705,13 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
                                                        static_cast<int>(args.m), static_cast<int>(args.k),
                                                        static_cast<int>(args.group_size));
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-    params.x = x_perm;
+    x = x_perm;
   } else {
     params.act_order_flag = tail + args.k;  // weights stored permuted but no g_idx given: NaN out
   }
   if (plan.splits > 1) {
     params.partials = reinterpret_cast<float4*>(base + ws.partials);
   }
-  params.qweight = reinterpret_cast<const uint8_t*>(args.qweight);
   params.scales = args.scales;
   params.zeros = args.zeros;
   params.bias = args.bias;
@@ -732,10 +726,10 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
   params.n_tiles = plan.n_tiles;
   params.splits = plan.splits;
   switch (plan.m_tiles) {
-    case 1: return LaunchTyped<T, 1>(params, plan, stream);
-    case 2: return LaunchTyped<T, 2>(params, plan, stream);
-    case 4: return LaunchTyped<T, 4>(params, plan, stream);
-    default: return LaunchTyped<T, 8>(params, plan, stream);
+    case 1: return LaunchTyped<T, 1>(params, plan, x, args.qweight, stream);
+    case 2: return LaunchTyped<T, 2>(params, plan, x, args.qweight, stream);
+    case 4: return LaunchTyped<T, 4>(params, plan, x, args.qweight, stream);
+    default: return LaunchTyped<T, 8>(params, plan, x, args.qweight, stream);
   }
 }
 

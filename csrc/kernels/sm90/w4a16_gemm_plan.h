@@ -6,9 +6,9 @@
 //
 // A CTA owns up to 8 warps x tiles_per_warp m16 tiles of W and 8 x m_tiles tokens; one ring stage is one
 // 64-wide K atom: 512 B of prepacked weights per m16 tile plus the X tile (one 128-byte row per token,
-// 128-byte swizzle: the wgmma B operand). Fixed objects: the double-buffered scale table (dequantization
-// subtrahend and scale of 4 groups of every row, 4 bytes each) and 1 KB of slack to align the base for
-// the swizzle. Up to 8 tokens a warp owns 4 m16 tiles
+// 128-byte swizzle: the wgmma B operand), both one TMA box, and its two mbarriers (full, empty). Fixed
+// objects: the double-buffered scale table (dequantization subtrahend and scale of 4 groups of every row,
+// 4 bytes each) and 1 KB of slack to align the base for the swizzle. Up to 8 tokens a warp owns 4 m16 tiles
 // (the X fragments, the loop and the barrier serve twice the weights: measured −9% at 1 x 28672 x 8192);
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
@@ -53,6 +53,7 @@ struct W4a16Plan {
   int stage_x_bytes;
   int stage_bytes;
   int ring_bytes;
+  int barrier_bytes;    // a full and an empty mbarrier per stage
   int scale_tables_bytes;
   int total_bytes;      // dynamic shared memory per CTA
   int per_sm_bytes;     // ctas_per_sm x (total + the driver's reservation)
@@ -76,10 +77,12 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles) {
   p.scale_tables_bytes = 2 * kGroupsPerPeriod * p.block_rows * kTableEntryBytes;  // double-buffered
   const int per_cta = static_cast<int>(budget::kSmemPerSmSm90 / p.ctas_per_sm - budget::kSmemReservedPerCtaSm90);
   const int fixed = static_cast<int>(p.scale_tables_bytes + budget::kSwizzledAlign);
-  const int fit = (per_cta - fixed) / p.stage_bytes;
+  const int stage_barrier_bytes = static_cast<int>(2 * budget::kMbarrierBytes);
+  const int fit = (per_cta - fixed) / (p.stage_bytes + stage_barrier_bytes);
   p.stages = fit < kMaxStages ? fit : kMaxStages;
   p.ring_bytes = p.stages * p.stage_bytes;
-  p.total_bytes = p.ring_bytes + fixed;
+  p.barrier_bytes = p.stages * stage_barrier_bytes;
+  p.total_bytes = p.ring_bytes + p.barrier_bytes + fixed;
   p.per_sm_bytes = p.ctas_per_sm * (p.total_bytes + budget::kSmemReservedPerCtaSm90);
   return p;
 }

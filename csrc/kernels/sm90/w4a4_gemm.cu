@@ -165,8 +165,6 @@
 //      1 x 28672 x 8192 from 51.5 to ~45 us; stream-K keeps all CTAs busy when the tiles do not divide.
 //   fp8 activations could promote with 3 ops per 2 groups (s_x is per 128).
 
-#include <cuda.h>  // CUtensorMap and its enums (types only; libcuda is reached through the runtime)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -177,6 +175,7 @@
 
 #include "common/arrival_counters.h"
 #include "common/ptx.h"
+#include "common/tma.h"
 #include "common/wgmma.h"
 #include "kernels/sm90/w4a4_gemm.h"
 #include "kernels/sm90/w4a4_gemm_plan.h"
@@ -186,6 +185,14 @@ namespace {
 
 using budget::Lifetime;
 using budget::Sharing;
+using tma::EncodeTiled;
+using tma::MapAddr;
+using tma::MbarArrive;
+using tma::MbarArriveExpectTx;
+using tma::MbarInit;
+using tma::MbarWait;
+using tma::TmaLoad2d;
+using tma::TmaPrefetch;
 
 // ---------------------------------------------------------------------------------------------------
 // Compile-time configuration: everything derives from the plan the budget table prints.
@@ -421,49 +428,12 @@ __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
 // Arrive on the barrier at the same offset in CTA `cta` of the cluster (this CTA included).
 __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
       "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(bar),
       "r"(cta)
-      : "memory");
-}
-
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ uint64_t MapAddr(const CUtensorMap& map) { return reinterpret_cast<uint64_t>(&map); }
-
-__device__ __forceinline__ void TmaPrefetch(const CUtensorMap& map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(MapAddr(map)) : "memory");
-}
-
-__device__ __forceinline__ void TmaLoad2d(const CUtensorMap& map, uint32_t dst, uint32_t bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-          dst),
-      "l"(MapAddr(map)), "r"(bar), "r"(c0), "r"(c1)
       : "memory");
 }
 
@@ -1331,7 +1301,7 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
       MbarInit(bar.LoraConverted(s), C::kLoraConvertedArrivals);
       MbarInit(bar.LoraEmpty(s), C::kLoraEmptyArrivals);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    tma::FenceMbarInit();
   }
   if constexpr (C::kOffsetWeights) {
     // The correction wgmmas' constant A tile; the async proxy (wgmma) reads it after the barrier below.
@@ -1380,36 +1350,6 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
 
 // ---------------------------------------------------------------------------------------------------
 // Host side.
-
-using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
-
-EncodeTiledFn GetEncodeTiled() {
-  static const EncodeTiledFn fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult query;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &query) !=
-            cudaSuccess ||
-        query != cudaDriverEntryPointSuccess) {
-      return EncodeTiledFn{nullptr};
-    }
-    return reinterpret_cast<EncodeTiledFn>(ptr);
-  }();
-  return fn;
-}
-
-// A row-major tensor: dims innermost first, strides (bytes) of dims 1.., box innermost first.
-template <int kRank>
-bool EncodeTiled(CUtensorMap* map, CUtensorMapDataType type, const void* base, const uint64_t (&dims)[kRank],
-                 const uint64_t (&strides)[kRank - 1], const uint32_t (&box)[kRank], CUtensorMapSwizzle swizzle) {
-  const EncodeTiledFn encode = GetEncodeTiled();
-  if (encode == nullptr) return false;
-  uint32_t element_strides[kRank];
-  for (int i = 0; i < kRank; ++i) element_strides[i] = 1;
-  const CUresult result = encode(map, type, kRank, const_cast<void*>(base), dims, strides, box, element_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);  // out-of-bounds elements read as zero
-  return result == CUDA_SUCCESS;
-}
 
 int SmCount() {
   int device = 0;
