@@ -256,8 +256,8 @@ __device__ __forceinline__ void RawCodesBf16(uint32_t w, uint32_t (&a)[4]) {
 
 // A scale table entry: the subtrahend's 16 bits (low half) and the raw 16-bit scale (high half), 4 bytes
 // per row and group, so the table leaves room for a deeper ring.
-__device__ __forceinline__ uint32_t ScaleTableEntry(uint32_t negated_subtrahend, uint32_t staged) {
-  return (negated_subtrahend & 0xFFFFu) | staged << 16;
+__device__ __forceinline__ uint32_t ScaleTableEntry(uint32_t negated_subtrahend, uint32_t scale_bits) {
+  return (negated_subtrahend & 0xFFFFu) | scale_bits << 16;
 }
 
 __device__ __forceinline__ uint32_t EntrySubtrahend(uint32_t entry) {
@@ -369,12 +369,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   };
 
   // ---- scale periods: kGroupsPerPeriod groups of each of the warp's rows, fetched one period ahead into
-  // registers (16-bit scale | zero << 16), turned into table entries at the switch. A warp reads only
-  // its own rows' entries, so a __syncwarp publishes them.
+  // registers, turned into table entries at the switch. A warp reads only its own rows' entries, so a
+  // __syncwarp publishes them. The loaded values stay untouched until the switch: any arithmetic on them
+  // at fetch time would wait out the load's latency at every period (measured: 44.0 -> 39.8 us at
+  // 1 x 28672 x 8192 without the loads, session 11).
   const int group_first = GroupOfAtom(atom_begin, p.group_shift);
   const int group_last = (atom_end * kAtomCols - 1) >> p.group_shift;
   const uint16_t* scale_bits = static_cast<const uint16_t*>(p.scales);
-  uint32_t staged[Cfg::kPeriodEntriesPerThread];
+  uint32_t staged_scales[Cfg::kPeriodEntriesPerThread];  // 16-bit scales
+  uint32_t staged_zeros[Cfg::kPeriodEntriesPerThread];   // zero points (with p.zeros)
 
   auto fetch_period = [&](int period) {
 #pragma unroll
@@ -384,9 +387,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
       const int group = group_first + period * kGroupsPerPeriod + entry % kGroupsPerPeriod;
       const bool valid = group <= group_last && n0 + row < p.n;
       const size_t index = static_cast<size_t>(n0 + row) * p.groups + group;
-      const uint32_t scale = valid ? __ldg(scale_bits + index) : 0u;
-      const uint32_t zero = p.zeros == nullptr ? 8u : (valid ? __ldg(p.zeros + index) : 0u);
-      staged[j] = scale | zero << 16;
+      staged_scales[j] = valid ? __ldg(scale_bits + index) : 0u;
+      if (p.zeros != nullptr) staged_zeros[j] = valid ? __ldg(p.zeros + index) : 0u;
     }
   };
   auto store_period = [&](int period) {
@@ -396,8 +398,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     for (int j = 0; j < Cfg::kPeriodEntriesPerThread; ++j) {
       const int entry = lane + j * 32;
       const int row = warp * Cfg::kWarpRows + entry / kGroupsPerPeriod;
+      const uint32_t zero = p.zeros == nullptr ? 8u : staged_zeros[j];
       scale_table[buffer + (entry % kGroupsPerPeriod) * Cfg::kBlockRows + row] =
-          ScaleTableEntry(NegatedSubtrahend<T>(staged[j] >> 16, row % kAtomRows >= 8), staged[j]);
+          ScaleTableEntry(NegatedSubtrahend<T>(zero, row % kAtomRows >= 8), staged_scales[j]);
     }
     __syncwarp();
   };
