@@ -43,7 +43,8 @@ def make_weights(key, n, k, *, group_size, zero_point, dtype, act_order):
         g_idx = (jnp.argsort(jax.random.permutation(jax.random.fold_in(key, 1), k)) // group_size).astype(jnp.int32)
     q = w4a16.quantize(w, group_size=group_size, zero_point=zero_point, scale_dtype=dtype, g_idx=g_idx)
     packed = w4a16_layout.prepack(q.qweight, g_idx=g_idx, group_size=group_size)
-    return packed, q.scales, q.zeros, g_idx
+    zeros = None if q.zeros is None else w4a16_layout.prepack_scales(q.zeros)
+    return packed, w4a16_layout.prepack_scales(q.scales), zeros, g_idx
 
 
 def weight_sets(n, k, *, group_size=GROUP, zero_point=False, dtype=jnp.bfloat16, act_order=False):

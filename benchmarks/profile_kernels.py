@@ -52,7 +52,8 @@ def _w4a16(m: int, n: int, k: int):
         jax.random.normal(key, (n, k)), group_size=128, zero_point=False, scale_dtype=jnp.bfloat16)
     packed = jax.jit(w4a16_layout.prepack)(q.qweight)
     x = jax.random.normal(jax.random.fold_in(key, 1), (m, k), jnp.bfloat16)
-    gemm = jax.jit(lambda x: ops.w4a16_gemm(x, packed, q.scales, q.zeros, group_size=128))
+    scales, zeros = w4a16_layout.prepack_scales(q.scales), None if q.zeros is None else w4a16_layout.prepack_scales(q.zeros)
+    gemm = jax.jit(lambda x: ops.w4a16_gemm(x, packed, scales, zeros, group_size=128))
     return lambda: gemm(x)
 
 

@@ -212,10 +212,10 @@ def arrival_counter_limits() -> ArrivalCounterLimits:
 @dataclasses.dataclass(frozen=True)
 class W4a16Plan:
     """The sm90 w4a16 GEMM plan of one token tile (csrc/kernels/sm90/w4a16_gemm_plan.h): per ring stage
-    (one 64-wide K atom) 512 B of prepacked weights per m16 tile (8 warps x ``tiles_per_warp`` tiles)
-    and the X tile (128-byte swizzled rows, the wgmma B operand), each one TMA box, with a full and an
-    empty mbarrier; fixed: a double-buffered scale table and 1 KB of slack that aligns the base to the
-    swizzle atom; ``ctas_per_sm`` CTAs designed to share an SM."""
+    (one 64-wide K atom) 512 B of prepacked weights per m16 tile (8 warps x ``tiles_per_warp`` tiles),
+    the X tile (128-byte swizzled rows, the wgmma B operand) and the scales and zero points of the atom's
+    groups (up to two), each one TMA box, with a full and an empty mbarrier; fixed: 1 KB of slack that
+    aligns the base to the swizzle atom; ``ctas_per_sm`` CTAs designed to share an SM."""
 
     m_tiles: int
     block_m: int
@@ -225,10 +225,10 @@ class W4a16Plan:
     stages: int
     stage_weight_bytes: int
     stage_x_bytes: int
+    stage_scale_bytes: int
     stage_bytes: int
     ring_bytes: int
     barrier_bytes: int
-    scale_tables_bytes: int
     total_bytes: int
     per_sm_bytes: int
     fits: bool

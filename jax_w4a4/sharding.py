@@ -181,8 +181,9 @@ def _specs(weights: ShardableWeights, style: str, axis: str) -> ShardableWeights
             bias=vec,
         )
     else:
-        matrix = P(axis, None) if col else P(None, axis)
-        specs = dict(qweight=matrix, scales=matrix, zeros=matrix, g_idx=P(), bias=P(axis) if col else P())
+        matrix = P(axis, None) if col else P(None, axis)  # qweight (N row blocks, K words)
+        transposed = P(None, axis) if col else P(axis, None)  # scales / zeros (K/G, N)
+        specs = dict(qweight=matrix, scales=transposed, zeros=transposed, g_idx=P(), bias=P(axis) if col else P())
     return dataclasses.replace(
         weights, **{name: None if getattr(weights, name) is None else spec for name, spec in specs.items()}
     )

@@ -111,8 +111,9 @@ class W4A16Weights:
     Attributes:
       qweight: uint4 weights in the kernel's prepacked layout (:mod:`jax_w4a4.formats.w4a16_layout`;
         ``unprepack`` recovers the logical ``(N, K/2)`` layout bit for bit).
-      scales: ``(N, K/G)`` group scales; their dtype (bf16/fp16) is the layer's dtype.
-      zeros: ``(N, K/G)`` uint8 zero points 0..15 (AWQ), or None for symmetric (z = 8).
+      scales: group scales in the kernel layout ``(K/G, N)`` (``w4a16_layout.prepack_scales`` of the
+        logical ``(N, K/G)``; ``unprepack_scales`` recovers it); their dtype (bf16/fp16) is the layer's dtype.
+      zeros: uint8 zero points 0..15 (AWQ) in the same ``(K/G, N)`` layout, or None for symmetric (z = 8).
       g_idx: ``(K,)`` int32 group of every input feature (act-order), or None.
       bias: ``(N,)`` bias in the layer dtype, or None.
       group_size: the group size G along K (K itself for per-channel). Static.
@@ -127,11 +128,11 @@ class W4A16Weights:
 
     @property
     def in_features(self) -> int:
-        return self.group_size * self.scales.shape[1]
+        return self.group_size * self.scales.shape[0]
 
     @property
     def out_features(self) -> int:
-        return self.scales.shape[0]
+        return self.scales.shape[1]
 
     @property
     def dtype(self) -> jnp.dtype:
@@ -274,8 +275,8 @@ def quantize_linear(
         q = w4a16.quantize(w, group_size=group_size, zero_point=zero_point, scale_dtype=dtype, g_idx=g_idx)
         return W4A16Weights(
             qweight=w4a16_layout.prepack(q.qweight, g_idx=g_idx, group_size=group_size),
-            scales=q.scales,
-            zeros=q.zeros,
+            scales=w4a16_layout.prepack_scales(q.scales),
+            zeros=None if q.zeros is None else w4a16_layout.prepack_scales(q.zeros),
             g_idx=None if g_idx is None else g_idx.astype(jnp.int32),
             bias=bias,
             group_size=k if group_size == -1 else group_size,

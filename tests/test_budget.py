@@ -240,11 +240,11 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
         assert p.block_rows == 8 * p.tiles_per_warp * 16
         assert p.stage_weight_bytes == p.block_rows * 64 // 2  # one 64-wide atom of every row, int4
         assert p.stage_x_bytes == p.block_m * 128  # one 128-byte swizzled row per token
-        assert p.stage_bytes == p.stage_weight_bytes + p.stage_x_bytes
+        assert p.stage_scale_bytes == 2 * p.block_rows * (2 + 1)  # two 32-wide groups' 16-bit scales, uint8 zeros
+        assert p.stage_bytes == p.stage_weight_bytes + p.stage_x_bytes + p.stage_scale_bytes
         assert p.ring_bytes == p.stages * p.stage_bytes
-        assert p.scale_tables_bytes == 2 * 4 * p.block_rows * 4  # 2 buffers x 4 groups x rows x (16-bit sub, scale)
         assert p.barrier_bytes == p.stages * 2 * 8  # a full and an empty mbarrier per stage
-        assert p.total_bytes == p.ring_bytes + p.barrier_bytes + p.scale_tables_bytes + 1024  # + swizzle slack
+        assert p.total_bytes == p.ring_bytes + p.barrier_bytes + 1024  # + slack to align the swizzle atoms
         assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
         assert p.fits and 4 <= p.stages <= 16
         assert p.total_bytes <= budget.SMEM_PER_BLOCK and p.per_sm_bytes <= budget.SMEM_PER_SM

@@ -65,7 +65,7 @@ def _check_imported(weights, q, z, w_hat, bias, rng, dtype, expect_g_idx):
         assert weights.zeros is None
     else:
         assert weights.zeros.dtype == jnp.uint8
-        np.testing.assert_array_equal(np.asarray(weights.zeros), z)
+        np.testing.assert_array_equal(np.asarray(weights.zeros), z.T)  # the kernel layout (G, N)
     assert (weights.g_idx is not None) == expect_g_idx
     if expect_g_idx:  # the kernel reads K in the stable argsort(g_idx) order stored with qweight
         np.testing.assert_array_equal(
@@ -73,8 +73,10 @@ def _check_imported(weights, q, z, w_hat, bias, rng, dtype, expect_g_idx):
             np.argsort(np.asarray(weights.g_idx), kind="stable"),
         )
     assert weights.scales.dtype == dtype and weights.bias.dtype == dtype
+    zeros = None if weights.zeros is None else w4a16_layout.unprepack_scales(weights.zeros)
     deq = w4a16.dequantize(
-        logical, weights.scales, weights.zeros, group_size=weights.group_size, g_idx=weights.g_idx
+        logical, w4a16_layout.unprepack_scales(weights.scales), zeros, group_size=weights.group_size,
+        g_idx=weights.g_idx,
     )
     np.testing.assert_array_equal(np.asarray(deq, np.float64), w_hat)  # (q − z)·s is exact in fp32
 
@@ -107,11 +109,11 @@ def test_gptq_keeps_zeros_unless_sym_and_all_eight(rng):
     z[0, 0] = 3  # at least one z != 8
     packed = pack_gptq(q, z, s)
     kept = from_gptq(*packed, g_idx=g_idx, group_size=128, sym=True, checkpoint_format="gptq_v2")
-    np.testing.assert_array_equal(np.asarray(kept.zeros), z)
+    np.testing.assert_array_equal(np.asarray(kept.zeros), z.T)
     eights = np.full_like(z, 8)
     packed = pack_gptq(q, eights, s)
     asym = from_gptq(*packed, group_size=128, sym=False, checkpoint_format="gptq_v2")
-    np.testing.assert_array_equal(np.asarray(asym.zeros), eights)
+    np.testing.assert_array_equal(np.asarray(asym.zeros), eights.T)
     assert from_gptq(*packed, group_size=128, sym=True, checkpoint_format="gptq_v2").zeros is None
 
 
@@ -132,7 +134,7 @@ def test_awq_interleave_is_not_the_identity(rng):
     _, qzeros_plain, _ = pack_gptq(q, z, s)
     qweight, qzeros, scales = pack_awq(q, z, s)
     assert not np.array_equal(qzeros, qzeros_plain)
-    np.testing.assert_array_equal(np.asarray(from_awq(qweight, qzeros, scales, group_size=128).zeros), z)
+    np.testing.assert_array_equal(np.asarray(from_awq(qweight, qzeros, scales, group_size=128).zeros), z.T)
 
 
 def test_validation_names_the_argument(rng):

@@ -13,7 +13,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 import jax_w4a4
 from jax_w4a4 import nn as qnn
 from jax_w4a4 import quantize as q
-from jax_w4a4.formats import svdq_layout
+from jax_w4a4.formats import svdq_layout, w4a16_layout
 
 D_IN, D_HIDDEN, D_OUT = 128, 128, 64
 FAST_SVDQ = {"grid": [0.25, 0.5, 0.75], "rank": 16}  # a short grid keeps the tests quick
@@ -215,18 +215,24 @@ def test_save_load_round_trip_and_jit(rng, tmp_path):
     with pytest.raises(ValueError, match="checkpoint"):  # a model of another width
         qnn.load_quantized(build(0, widths=(D_IN, 192, D_IN, D_IN)), tmp_path / "ckpt")
 
-    # A version-1 file (svdq weight scales in the logical (N, K/64) layout) loads into the same model.
-    v1 = tmp_path / "ckpt_v1"
-    v1.mkdir()
-    tensors = safetensors.numpy.load_file(tmp_path / "ckpt" / qnn.io.TENSORS_FILE)
-    svdq_scales = [key for key in tensors if key.endswith("/weights/wscales")]
-    assert svdq_scales  # the w4a8 blocks
-    for key in svdq_scales:
-        tensors[key] = np.asarray(svdq_layout.unprepack_scales(tensors[key]))
-    safetensors.numpy.save_file(tensors, v1 / qnn.io.TENSORS_FILE)
+    # Files of earlier versions load into the same model: version 2 stored the w4a16 scales and zero
+    # points in their logical (N, K/G) layout, version 1 also the svdq weight scales (N, K/64).
     config = json.loads((tmp_path / "ckpt" / qnn.io.CONFIG_FILE).read_text())
-    (v1 / qnn.io.CONFIG_FILE).write_text(json.dumps({**config, "version": 1}))
-    np.testing.assert_array_equal(qnn.load_quantized(build(9), v1)(x), y)
-    (v1 / qnn.io.CONFIG_FILE).write_text(json.dumps({**config, "version": 0}))
-    with pytest.raises(ValueError, match=r"config of version 1 or 2 \(format='jax_w4a4.nn', version=0\)"):
-        qnn.load_quantized(build(9), v1)
+    current = safetensors.numpy.load_file(tmp_path / "ckpt" / qnn.io.TENSORS_FILE)
+    w4a16_keys = ["blocks/1/weights/scales", "blocks/1/weights/zeros"]
+    svdq_scales = [key for key in current if key.endswith("/weights/wscales")]
+    assert svdq_scales and all(key in current for key in w4a16_keys)  # the w4a8 blocks, the w4a16 block
+    for version in (2, 1):
+        old = tmp_path / f"ckpt_v{version}"
+        old.mkdir()
+        tensors = dict(current)
+        for key in w4a16_keys:
+            tensors[key] = np.asarray(w4a16_layout.unprepack_scales(tensors[key]))
+        for key in svdq_scales if version == 1 else ():
+            tensors[key] = np.asarray(svdq_layout.unprepack_scales(tensors[key]))
+        safetensors.numpy.save_file(tensors, old / qnn.io.TENSORS_FILE)
+        (old / qnn.io.CONFIG_FILE).write_text(json.dumps({**config, "version": version}))
+        np.testing.assert_array_equal(qnn.load_quantized(build(9), old)(x), y)
+    (old / qnn.io.CONFIG_FILE).write_text(json.dumps({**config, "version": 0}))
+    with pytest.raises(ValueError, match=r"config of version 1 or 2 or 3 \(format='jax_w4a4.nn', version=0\)"):
+        qnn.load_quantized(build(9), old)

@@ -31,7 +31,7 @@ def _w4a16_operands(rng, lead=(4,), group_size=64):
     x = jnp.asarray(rng.standard_normal((*lead, K)), BF16)
     q = w4a16.quantize(jnp.asarray(rng.standard_normal((N, K)), jnp.float32), group_size=group_size,
                        zero_point=True, scale_dtype=BF16)
-    return x, w4a16_layout.prepack(q.qweight), q.scales, q.zeros
+    return x, w4a16_layout.prepack(q.qweight), w4a16_layout.prepack_scales(q.scales), w4a16_layout.prepack_scales(q.zeros)
 
 
 def _w4a4(x, smooth, lora_down, qweight, wscales, lora_up, act_format="int4"):
@@ -73,9 +73,9 @@ def _bad_inputs(rng):
         (lambda: gemm(q[..., :128], s, la, qw, ws, lu), r"q_x must have shape \(4, 256\)"),
         (lambda: g16(xw, qw16, s16, z16, group_size=48), r"group_size must be one of"),
         (lambda: g16(xw, qw16, s16.astype(jnp.float16), z16), r"scales must have dtype bfloat16"),
-        (lambda: g16(xw, qw16, s16, z16[:, :1]), r"zeros must have shape \(128, 4\)"),
+        (lambda: g16(xw, qw16, s16, z16[:1]), r"zeros must have shape \(4, 128\)"),
         (lambda: g16(xw, qw16, s16, z16, g_idx=jnp.zeros(K, jnp.int64 if jax.config.x64_enabled else jnp.float32)), r"g_idx must have dtype int32"),
-        (lambda: g16(xw[..., :128], qw16, s16, z16), r"scales must have shape \(128, 2\)"),
+        (lambda: g16(xw[..., :128], qw16, s16, z16), r"scales must have shape \(2, 128\)"),
     ]
 
 
@@ -175,7 +175,7 @@ def test_w4a16_lowering_adds_an_xla_allocated_workspace(rng):
     n, k = 256, 2048  # 32 atoms of K: a split CTA keeps >= 4 (kMinAtomsPerSplit in w4a16_gemm_plan.h)
     q = w4a16.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32), group_size=64, zero_point=True,
                        scale_dtype=BF16)
-    qw, s, z = w4a16_layout.prepack(q.qweight), q.scales, q.zeros
+    qw, s, z = w4a16_layout.prepack(q.qweight), w4a16_layout.prepack_scales(q.scales), w4a16_layout.prepack_scales(q.zeros)
     for m in (4, 64):
         xm = jnp.asarray(rng.standard_normal((m, k)), BF16)
         lowered = jax.jit(functools.partial(ops.w4a16_gemm, group_size=64)).trace(xm, qw, s, z).lower(

@@ -78,7 +78,8 @@ def _proxy_loss(w, w_hat, h):
 
 def _w4a16_dequantized(weights, k=K):
     logical = w4a16_layout.unprepack(weights.qweight, weights.out_features, k)
-    return np.asarray(w4a16.dequantize(logical, weights.scales, weights.zeros,
+    zeros = None if weights.zeros is None else w4a16_layout.unprepack_scales(weights.zeros)
+    return np.asarray(w4a16.dequantize(logical, w4a16_layout.unprepack_scales(weights.scales), zeros,
                                        group_size=weights.group_size, g_idx=weights.g_idx))
 
 

@@ -61,8 +61,8 @@ def _slice_k(weights, lo: int, hi: int):
     g = weights.group_size
     logical = w4a16_layout.unprepack(weights.qweight, n, k)[:, lo // 2 : hi // 2]
     return dataclasses.replace(
-        weights, qweight=w4a16_layout.prepack(logical), scales=weights.scales[:, lo // g : hi // g],
-        zeros=None if weights.zeros is None else weights.zeros[:, lo // g : hi // g], bias=None,
+        weights, qweight=w4a16_layout.prepack(logical), scales=weights.scales[lo // g : hi // g],
+        zeros=None if weights.zeros is None else weights.zeros[lo // g : hi // g], bias=None,
     )
 
 
@@ -118,8 +118,8 @@ def _by_hand(weights, mesh, style: str, axis: str = "tensor", put=jax.device_put
         specs = dict(qweight=on_n if col else on_k, wscales=P(None, axis) if col else P(axis), smooth=P() if col else P(axis),
                      lora_down=P() if col else P(axis), lora_up=P(None, axis) if col else P(), alpha=on_n, bias=on_n)
     else:
-        specs = dict(qweight=P() if col else on_k, scales=on_n if col else on_k, zeros=on_n if col else on_k,
-                     g_idx=P(), bias=on_n)
+        scales = P(None, axis) if col else P(axis)  # (K/G, N)
+        specs = dict(qweight=P() if col else on_k, scales=scales, zeros=scales, g_idx=P(), bias=on_n)
     return dataclasses.replace(weights, **{
         name: put(getattr(weights, name), NamedSharding(mesh, spec))
         for name, spec in specs.items() if getattr(weights, name) is not None
@@ -333,7 +333,7 @@ def test_shard_model_nnx(rng):
         shard_model(model, mesh, {"up": "column", "down": "row", "lm_head": None})
     assert isinstance(model.up.quantized_weights, TensorParallelWeights)
     assert model.down.quantized_weights.style == "row"
-    assert model.up.weights.weights.scales[...].sharding.spec == P("tensor", None)
+    assert model.up.weights.weights.scales[...].sharding.spec == P(None, "tensor")  # (K/G, N): N sharded
     forward = nnx.jit(lambda m, x: m(x))
     y = np.asarray(forward(model, x).astype(jnp.float32))
     np.testing.assert_allclose(y, want, rtol=0, atol=2 * BF16_EPS * np.abs(want).max())

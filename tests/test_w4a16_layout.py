@@ -122,7 +122,7 @@ def test_check_shape_names_the_argument_and_the_multiple():
     layout.check_shape(576, 1536, 32)
     layout.check_shape(1536, 576, 576)  # per channel: group_size == K
     layout.check_shape(1536, 576, -1)
-    with pytest.raises(ValueError, match=r"N \(scales.shape\[0\]\) must be a multiple of 32, got 48"):
+    with pytest.raises(ValueError, match=r"N \(scales.shape\[1\]\) must be a multiple of 32, got 48"):
         layout.check_shape(48, 256, 64)
     with pytest.raises(ValueError, match=r"K \(x.shape\[-1\]\) must be a multiple of 64, got 96"):
         layout.check_shape(64, 96, 32)
@@ -130,6 +130,21 @@ def test_check_shape_names_the_argument_and_the_multiple():
         layout.check_shape(64, 256, 16)
     with pytest.raises(ValueError, match=r"K=576 must be a multiple of group_size=128"):
         layout.check_shape(64, 576, 128)
+
+
+def test_prepacked_scales_are_group_major_and_invert_exactly(rng):
+    """The kernel reads one group's scales for a run of rows as one contiguous TMA box: (K/G, N)."""
+    scales = jnp.asarray(rng.standard_normal((96, 6)), jnp.bfloat16)  # (N, K/G)
+    zeros = jnp.asarray(rng.integers(0, 16, (96, 6)), jnp.uint8)
+    for logical in (scales, zeros):
+        kernel = layout.prepack_scales(logical)
+        assert kernel.shape == (6, 96) and kernel.dtype == logical.dtype
+        np.testing.assert_array_equal(np.asarray(kernel[2, 10:20]), np.asarray(logical[10:20, 2]))
+        np.testing.assert_array_equal(np.asarray(layout.unprepack_scales(kernel)), np.asarray(logical))
+    with pytest.raises(ValueError, match=r"must be 2-D \(N, K/G\)"):
+        layout.prepack_scales(scales[0])
+    with pytest.raises(ValueError, match=r"must be 2-D \(K/G, N\)"):
+        layout.unprepack_scales(scales[None])
 
 
 # ------------------------------------------------------------------ what the kernel's bit tricks read

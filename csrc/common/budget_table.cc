@@ -77,11 +77,11 @@ std::string DescribeW4a16(const W4a16Plan& p) {
   char line[384];
   std::snprintf(line, sizeof line,
                 "w4a16_gemm sm90: %d tokens per CTA, %d CTAs/SM of <= 8 warps x %d m16 tiles (%d rows): "
-                "stage %d B (weights %d + X %d) x %d stages = %d, barriers %d, scale table %d, alignment slack %d; "
+                "stage %d B (weights %d + X %d + scales and zeros %d) x %d stages = %d, barriers %d, alignment slack %d; "
                 "total %d B/CTA, %d of %d B/SM%s\n",
                 p.block_m, p.ctas_per_sm, p.tiles_per_warp, p.block_rows, p.stage_bytes, p.stage_weight_bytes,
-                p.stage_x_bytes, p.stages,
-                p.ring_bytes, p.barrier_bytes, p.scale_tables_bytes, static_cast<int>(jax_w4a4::budget::kSwizzledAlign), p.total_bytes,
+                p.stage_x_bytes, p.stage_scale_bytes, p.stages,
+                p.ring_bytes, p.barrier_bytes, static_cast<int>(jax_w4a4::budget::kSwizzledAlign), p.total_bytes,
                 p.per_sm_bytes,
                 static_cast<int>(jax_w4a4::budget::kSmemPerSmSm90), p.fits() ? "" : "  ** DOES NOT FIT **");
   return line;
@@ -161,7 +161,7 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
 
 // The w4a16 plans: JaxW4a4W4a16MTiles writes the instantiated m_tiles options and returns their count;
 // JaxW4a4W4a16Plan writes one solved plan: block_m, ctas_per_sm, tiles_per_warp, block_rows, stages,
-// stage_weight, stage_x, stage, ring, barriers, scale_tables, total, per_sm, fits (14 values).
+// stage_weight, stage_x, stage_scale, stage, ring, barriers, total, per_sm, fits (14 values).
 __attribute__((visibility("default"))) int JaxW4a4W4a16MTiles(int64_t* out) {
   int n = 0;
   for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) out[n++] = m_tiles;
@@ -172,7 +172,7 @@ __attribute__((visibility("default"))) void JaxW4a4W4a16Plan(int m_tiles, int64_
   const W4a16Plan p = jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles);
   const int64_t values[] = {p.block_m,    p.ctas_per_sm,        p.tiles_per_warp, p.block_rows,
                             p.stages,     p.stage_weight_bytes,
-                            p.stage_x_bytes, p.stage_bytes,     p.ring_bytes, p.barrier_bytes, p.scale_tables_bytes,
+                            p.stage_x_bytes, p.stage_scale_bytes, p.stage_bytes, p.ring_bytes, p.barrier_bytes,
                             p.total_bytes,      p.per_sm_bytes, p.fits() ? 1 : 0};
   for (int64_t v : values) *out++ = v;
 }

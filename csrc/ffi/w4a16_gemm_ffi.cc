@@ -44,10 +44,10 @@ ffi::Error W4a16GemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer q
   const int64_t m = LeadingRows(x);
   const int64_t k = LastDim(x);
   if (scales.dimensions().size() != 2 || scales.element_type() != dtype) {
-    return Invalid(kOp, "scales must be 2-D (N, K/G) in x's dtype, got " + DimsString(scales));
+    return Invalid(kOp, "scales must be 2-D (K/G, N) in x's dtype (the kernel layout), got " + DimsString(scales));
   }
-  const int64_t n = scales.dimensions()[0];
-  const int64_t groups = scales.dimensions()[1];
+  const int64_t groups = scales.dimensions()[0];
+  const int64_t n = scales.dimensions()[1];
   if (group_size <= 0 || k % group_size != 0 || groups != k / group_size) {
     return Invalid(kOp, "scales " + DimsString(scales) + " do not match K=" + std::to_string(k) +
                             " and group_size=" + std::to_string(group_size));
@@ -58,8 +58,8 @@ ffi::Error W4a16GemmImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer q
                             DimsString(qweight));
   }
   const bool has_zeros = !IsEmpty(zeros);
-  if (has_zeros && (zeros.element_type() != ffi::DataType::U8 || !ShapeIs(zeros, {n, groups}))) {
-    return Invalid(kOp, "zeros must be uint8 (N, K/G) or (0,), got " + DimsString(zeros));
+  if (has_zeros && (zeros.element_type() != ffi::DataType::U8 || !ShapeIs(zeros, {groups, n}))) {
+    return Invalid(kOp, "zeros must be uint8 (K/G, N) or (0,), got " + DimsString(zeros));
   }
   const bool has_g_idx = !IsEmpty(g_idx);
   if (has_g_idx && (g_idx.element_type() != ffi::DataType::S32 || !ShapeIs(g_idx, {k}))) {

@@ -22,7 +22,7 @@ import numpy as np
 import safetensors.numpy
 from flax import nnx
 
-from jax_w4a4.formats import svdq_layout
+from jax_w4a4.formats import svdq_layout, w4a16_layout
 from jax_w4a4.nn.linear import QuantizedLinear
 from jax_w4a4.nn.model import node_at, path_string, replace_at
 from jax_w4a4.quantize.layer import QuantConfig
@@ -31,8 +31,10 @@ from jax_w4a4.weights import FakeQuantFP4Weights, SVDQuantWeights, W4A16Weights
 M = TypeVar("M", bound=nnx.Module)
 
 FORMAT = "jax_w4a4.nn"
-VERSION = 2  # 2: svdq weight scales in the stage-major kernel layout (formats.svdq_layout.prepack_scales)
-READABLE_VERSIONS = (1, VERSION)  # version 1 files are migrated as they load (_migrate_v1)
+# 2: svdq weight scales in the stage-major kernel layout (formats.svdq_layout.prepack_scales);
+# 3: w4a16 scales and zero points in the kernel layout (K/G, N) (formats.w4a16_layout.prepack_scales).
+VERSION = 3
+READABLE_VERSIONS = (1, 2, VERSION)  # earlier versions are migrated as they load (_migrate)
 TENSORS_FILE = "model.safetensors"
 CONFIG_FILE = "quantization.json"
 WEIGHT_TYPES = {cls.__name__: cls for cls in (SVDQuantWeights, W4A16Weights, FakeQuantFP4Weights)}
@@ -95,13 +97,21 @@ def _weights_from(name: str, entry: dict[str, Any], tensors: dict[str, np.ndarra
     return cls(**values)
 
 
-def _migrate_v1(config: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
-    """Version 1 stored the svdq weight scales in their logical ``(N, K/64)`` layout; the weights now hold
-    the kernel's stage-major ``(K/128, N, 2)`` (:func:`jax_w4a4.formats.svdq_layout.prepack_scales`)."""
+def _migrate(config: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+    """Earlier versions stored scales in their logical layouts; the weights now hold the kernels' layouts.
+    Version 1: the svdq weight scales ``(N, K/64)`` -> stage-major ``(K/128, N, 2)``
+    (:func:`jax_w4a4.formats.svdq_layout.prepack_scales`). Versions 1-2: the w4a16 scales and zero points
+    ``(N, K/G)`` -> ``(K/G, N)`` (:func:`jax_w4a4.formats.w4a16_layout.prepack_scales`)."""
+    version = config["version"]
     for name, entry in config["layers"].items():
-        key = f"{name}/weights/wscales"
-        if entry["weights"] == SVDQuantWeights.__name__ and key in tensors:
+        if entry["weights"] == SVDQuantWeights.__name__ and version < 2:
+            key = f"{name}/weights/wscales"
             tensors[key] = np.asarray(svdq_layout.prepack_scales(tensors[key]))
+        if entry["weights"] == W4A16Weights.__name__ and version < 3:
+            for field in ("scales", "zeros"):
+                key = f"{name}/weights/{field}"
+                if key in tensors:
+                    tensors[key] = np.asarray(w4a16_layout.prepack_scales(tensors[key]))
 
 
 def load_quantized(model: M, directory: str | os.PathLike) -> M:
@@ -121,8 +131,8 @@ def load_quantized(model: M, directory: str | os.PathLike) -> M:
             f"version={config.get('version')!r})"
         )
     tensors = safetensors.numpy.load_file(directory / TENSORS_FILE)
-    if config["version"] == 1:
-        _migrate_v1(config, tensors)
+    if config["version"] < VERSION:
+        _migrate(config, tensors)
     paths = {path_string(path): tuple(path) for path, node in nnx.iter_graph(model) if isinstance(node, nnx.Module)}
     for name, entry in config["layers"].items():
         if name not in paths or not isinstance(node_at(model, paths[name]), (nnx.Linear, QuantizedLinear)):

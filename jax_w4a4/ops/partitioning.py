@@ -175,18 +175,18 @@ def _w4a4_gemm_rule(shapes: Sequence[Shape], act_format: str) -> SdyShardingRule
 
 def _w4a16_gemm_rule(shapes: Sequence[Shape], group_size: int) -> SdyShardingRule:
     x, qweight, scales, zeros, g_idx, bias = shapes[:6]
-    k, n = x[-1], scales[0]
+    k, n = x[-1], scales[1]  # scales in the kernel layout (K/G, N)
     unit = max(w4a16_layout.ATOM_K, group_size)  # whole atoms and whole groups
     sizes = dict(n=n, qr=qweight[0], z0=0, g0=0, b0=0)
     if group_size != k and k % unit == 0:  # K = (ku kx): shardable in units
         sizes.update(ku=k // unit, kx=unit, kw=2 * unit, kg=unit // group_size)
         kx, kw, kg = ("ku", "kx"), ("ku", "kw"), ("ku", "kg")
     else:
-        sizes.update(kx=k, kw=qweight[1], kg=scales[1])
+        sizes.update(kx=k, kw=qweight[1], kg=scales[0])
         kx, kw, kg = ("kx",), ("kw",), ("kg",)
     return _rule(
         [
-            [kx], [("qr",), kw], [("n",), kg], [("n",), kg] if zeros[0] else [("z0",)],
+            [kx], [("qr",), kw], [kg, ("n",)], [kg, ("n",)] if zeros[0] else [("z0",)],
             [kx if g_idx[0] else ("g0",)], [("n",) if bias[0] else ("b0",)],
         ],
         [[("n",)]],
@@ -306,12 +306,12 @@ def _w4a16_gemm_partition(bind, params, mesh, arg_shapes):
     group_size = params["group_size"]
     x, qweight, scales, zeros, g_idx, bias = arg_shapes
     row_axes, k_axes = _dim_axes(qweight)
-    n_axes, scale_k_axes = _dim_axes(scales)
+    scale_k_axes, n_axes = _dim_axes(scales)
     k_axes = k_axes or scale_k_axes
     if row_axes:
         _fail(op, "qweight's rows (N/16 row blocks + the permutation row) cannot follow a sharding of N: keep them "
                   f"replicated (P(None, ...)) and shard scales / zeros / bias on N, got {qweight.sharding.spec}")
-    n, k = scales.shape[0], x.shape[-1]
+    n, k = scales.shape[1], x.shape[-1]
     shards_n, shards_k = _size(mesh, n_axes), _size(mesh, k_axes)
     if n % (w4a16_layout.ATOM_N * shards_n):
         _fail(op, f"N (out_features) must be a multiple of {w4a16_layout.ATOM_N * shards_n} (16-row blocks x "
@@ -328,7 +328,7 @@ def _w4a16_gemm_partition(bind, params, mesh, arg_shapes):
     def present(v, spec):
         return spec if v.shape[0] else P(None)
 
-    args = (P(*lead, kk), P(None, kk), P(nn, kk), present(zeros, P(nn, kk)), P(None), present(bias, P(nn)))
+    args = (P(*lead, kk), P(None, kk), P(kk, nn), present(zeros, P(kk, nn)), P(None), present(bias, P(nn)))
 
     def local(x, qweight, scales, zeros, g_idx, bias):
         if n_axes:

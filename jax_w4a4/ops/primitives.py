@@ -283,16 +283,16 @@ def _w4a16_gemm_abstract(x, qweight, scales, zeros, g_idx, bias, *, group_size):
     checks.dtype_in(op, "x", x, checks.HALF_DTYPES)
     k = x.shape[-1]
     checks.ndim_is(op, "scales", scales, 2)
-    n, groups = scales.shape
+    groups, n = scales.shape  # the kernel layout (K/G, N): w4a16_layout.prepack_scales
     if group_size != k:
         checks.one_of(op, "group_size", group_size, (*w4a16.GROUP_SIZES, k))
     checks.multiple_of(op, "x.shape[-1] (K)", k, group_size, f" for group_size={group_size}")
-    checks.shape_is(op, "scales", scales, (n, k // group_size))
+    checks.shape_is(op, "scales", scales, (k // group_size, n))
     checks.dtype_in(op, "scales", scales, [x.dtype])
     checks.shape_is(op, "qweight", qweight, w4a16_layout.prepacked_shape(n, k))
     checks.dtype_in(op, "qweight", qweight, [w4a16_layout.PREPACKED_DTYPE])
     if zeros.shape != EMPTY:
-        checks.shape_is(op, "zeros", zeros, (n, groups))
+        checks.shape_is(op, "zeros", zeros, (groups, n))
         checks.dtype_in(op, "zeros", zeros, [jnp.uint8])
     checks.optional_vector(op, "g_idx", g_idx, k, [jnp.int32])
     checks.optional_vector(op, "bias", bias, n, [x.dtype])
@@ -300,19 +300,22 @@ def _w4a16_gemm_abstract(x, qweight, scales, zeros, g_idx, bias, *, group_size):
 
 
 def _w4a16_gemm_kernel_checks(x, qweight, scales, *rest, group_size):
-    w4a16_layout.check_shape(scales.shape[0], x.shape[-1], group_size)
+    w4a16_layout.check_shape(scales.shape[1], x.shape[-1], group_size)
 
 
 def _w4a16_gemm_workspace(x, qweight, scales, zeros, g_idx, bias, *, group_size):
     num_sms = _library.cuda_sm_count()
-    m, n, k = math.prod(x.shape[:-1]), scales.shape[0], x.shape[-1]
+    m, n, k = math.prod(x.shape[:-1]), scales.shape[1], x.shape[-1]
     nbytes = budget.w4a16_workspace_bytes(m, n, k, group_size, act_order=g_idx.shape != EMPTY, num_sms=num_sms)
     return max(nbytes, 0), {"num_sms": num_sms}
 
 
 def _w4a16_gemm_reference(x, qweight, scales, zeros, g_idx, bias, *, group_size):
-    logical = w4a16_layout.unprepack(qweight, scales.shape[0], x.shape[-1])
-    return reference.w4a16_gemm(x, logical, scales, zeros, g_idx, bias, group_size=group_size)
+    logical = w4a16_layout.unprepack(qweight, scales.shape[1], x.shape[-1])
+    zeros = zeros if zeros.shape == EMPTY else w4a16_layout.unprepack_scales(zeros)
+    return reference.w4a16_gemm(
+        x, logical, w4a16_layout.unprepack_scales(scales), zeros, g_idx, bias, group_size=group_size
+    )
 
 
 W4A16_GEMM = FusedOp(
@@ -336,7 +339,9 @@ def w4a16_gemm(
     *,
     group_size: int,
 ) -> jax.Array:
-    """``Y = X · dequant(Q(W))ᵀ + β`` with ``qweight`` in the kernel layout of :mod:`formats.w4a16_layout`.
+    """``Y = X · dequant(Q(W))ᵀ + β`` with the weights in the kernel layouts of :mod:`formats.w4a16_layout`:
+    ``qweight`` from ``prepack``, ``scales`` ``(K/G, N)`` and the optional uint8 ``zeros`` ``(K/G, N)`` from
+    ``prepack_scales``.
 
     ``group_size`` is the real group size (K for per-channel).
     """

@@ -295,8 +295,8 @@ def gptq(
     qweight = pack_int4(result.q)
     return W4A16Weights(
         qweight=w4a16_layout.prepack(qweight, g_idx=result.g_idx, group_size=g),
-        scales=result.scales,
-        zeros=result.zeros,
+        scales=w4a16_layout.prepack_scales(result.scales),
+        zeros=None if result.zeros is None else w4a16_layout.prepack_scales(result.zeros),
         g_idx=result.g_idx,
         bias=None if bias is None else bias.astype(dtype),
         group_size=g,

@@ -91,8 +91,8 @@ def _assemble(
     qweight = pack_int4(jnp.asarray(q_kn.T))
     return W4A16Weights(
         qweight=w4a16_layout.prepack(qweight, g_idx=g_idx_j, group_size=group_size),
-        scales=scales.T.astype(dtype),
-        zeros=None if zeros_gn is None else jnp.asarray(np.ascontiguousarray(zeros_gn.T)),
+        scales=scales.astype(dtype),  # (G, N): the checkpoints' layout is the kernel's (prepack_scales)
+        zeros=None if zeros_gn is None else jnp.asarray(zeros_gn),
         g_idx=g_idx_j,
         bias=bias,
         group_size=group_size,

@@ -72,7 +72,9 @@ def _poison_allocator(shape, dtype):
 
 @functools.partial(jax.jit, static_argnames="group_size")
 def _kernel(x, packed, scales, zeros, g_idx, bias, *, group_size):
-    return ops.w4a16_gemm(x, packed, scales, zeros, g_idx, bias, group_size=group_size)
+    """The kernel on logical (N, K/G) scales and zeros, put in the kernel layout first."""
+    zeros = None if zeros is None else w4a16_layout.prepack_scales(zeros)
+    return ops.w4a16_gemm(x, packed, w4a16_layout.prepack_scales(scales), zeros, g_idx, bias, group_size=group_size)
 
 
 @functools.partial(jax.jit, static_argnames="group_size")

@@ -39,17 +39,19 @@
 // fragment order; the last CTA of a tile to arrive (an arrival counter of common/arrival_counters.h, which
 // re-arms itself: no memset) sums them in split order — deterministic, no host sync, CUDA-graph safe.
 //
-// Pipelines (every thread takes every role, one __syncthreads per stage):
+// Pipelines (the warps compute; one thread also produces; no __syncthreads in the loop):
 //  * main ring, kStages deep, one stage = one 64-wide K atom (kStages - 1 atoms in flight while one is
-//    computed): each lane cp.async's its own 16-byte fragment word per m16 tile
-//    (16 rows x 64 k of W in fragment order, L2::evict_first: read exactly once), and
-//    the CTA copies the X tile (rows x 64 k, 16-byte cp.async) into 128-byte rows, chunk c of row r at
-//    chunk c ^ (r % 8) (the wgmma swizzle); with wgmma each thread fences the async proxy after its
-//    copies land, before the barrier that hands the stage to the wgmmas, and retires the atom's wgmmas
-//    (wait_group 0) before the next barrier frees its slot.
-//  * scale periods: scales and zeros of 4 groups at a time (raw (N, K/G) layout, 2-byte loads, so any
-//    row pitch works) are fetched into registers one period ahead; at the period switch they become a
-//    double-buffered shared table of {16-bit −(magic + z), 16-bit scale} per row and group.
+//    computed), filled by TMA: the producer (lane 0 of the last warp) issues per stage the weights of all
+//    the CTA's m16 tiles (16 rows x 64 k each in fragment order, contiguous row blocks: one box,
+//    L2::evict_first: read exactly once), the X tile (one box into 128-byte rows with the 128-byte
+//    swizzle, the wgmma B operand; rows past M arrive as zeros), and the scales and zero points of the
+//    atom's groups for the CTA's rows (one box each from their (K/G, N) kernel layout), all counted by
+//    the stage's full mbarrier. Every warp releases the stage on its empty mbarrier once its reads are
+//    done (wgmma: the atom's wgmmas retired); the producer refills the slot of atom i - 1 before it
+//    computes atom i. The wgmmas read the TMA-written stage directly: no proxy fence.
+//    (Before session 11 every thread issued cp.async for its own fragment words and X chunks, with a
+//    __syncthreads per atom, and the scales came through 2-byte loads of an (N, K/G) layout into a
+//    double-buffered table: 1 x 28672 x 8192 45.7 -> 44.0 us (TMA ring) -> see NOTES (scales).)
 //  * compute: per k16 step, lop3 + fma dequantization of every m16 tile (the 0x6400 fp16 / 0x4300 bf16
 //    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), then the MMAs. wgmma: one per tile,
 //    commit, and the previous step retired (wait_group 1) before the next writes its A registers;
@@ -63,10 +65,10 @@
 //
 // Shared memory per CTA (W4a16Plan in w4a16_gemm_plan.h, static_assert'ed against the SM's 228 KB
 // shared by CtasPerSm CTAs, less the driver's 1 KB per CTA; python -m jax_w4a4.budget prints it):
-//   kStages x (weights of one atom + M_tile x 128 B of X) + scale table (4 B per row and group of a
-//   4-group period, double-buffered) + 1 KB to align the base to the swizzle atom
-//   = 104448 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 111616 B (16: 8 warps x 2 tiles,
-//     10 stages, 2 CTAs/SM), 205824 B (32: 16 stages, 1 CTA/SM), 222208 B (64: 13 stages, 1 CTA/SM).
+//   kStages x (weights of one atom + M_tile x 128 B of X + 2 groups x rows x 3 B of scales and zero
+//   points + 16 B of mbarriers) + 1 KB to align the base to the swizzle atom
+//   = 103504 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 107152 B (16: 8 warps x 2 tiles,
+//     9 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM).
 //
 // Measured limits (ncu, benchmarks/NOTES.md, session 6, mma.sync build): 1 x 28672 x 8192 runs at ~47 us
 // = ~2.6 TB/s against a 29 us ceiling for this ring without arithmetic (session 6's probe). Latency- and
@@ -108,44 +110,45 @@ struct Config {
   static constexpr int kBlockRows = kPlan.block_rows;  // with kMaxWarps warps
   static constexpr int kStageWeightBytes = kPlan.stage_weight_bytes;
   static constexpr int kStageXBytes = kPlan.stage_x_bytes;
-  static constexpr int kTableEntries = kGroupsPerPeriod * kBlockRows;  // one buffer of the scale table
-  static constexpr int kPeriodEntriesPerThread = kGroupsPerPeriod * kWarpRows / 32;
+  static constexpr int kStageScaleBytes = kPlan.stage_scale_bytes;
   static constexpr int kStages = kPlan.stages;
   static constexpr int kWeightRingOffset = 0;
   static constexpr int kXRingOffset = kWeightRingOffset + kStages * kStageWeightBytes;
-  static constexpr int kTableOffset = kXRingOffset + kStages * kStageXBytes;
-  static constexpr int kBarrierOffset = kTableOffset + kPlan.scale_tables_bytes;  // full[kStages], empty[kStages]
+  // A scale stage: the scales of the atom's groups, then their zero points (each group's rows contiguous).
+  static constexpr int kScaleRingOffset = kXRingOffset + kStages * kStageXBytes;
+  static constexpr int kStageZerosOffset = kMaxGroupsPerAtom * kBlockRows * kScaleBytes;
+  static constexpr int kBarrierOffset = kScaleRingOffset + kStages * kStageScaleBytes;  // full[kStages], empty[kStages]
   // + the slack that aligns the dynamic base to the 1 KB swizzle atom
   static constexpr int kSmemBytes = kBarrierOffset + kPlan.barrier_bytes + budget::kSwizzledAlign;
 
   static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
-  static_assert(kGroupsPerPeriod % 2 == 0, "32-wide groups come in pairs per atom");
   static_assert(kBlockM <= kMaxTokensPerBlock);
   static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
-  static_assert(kGroupsPerPeriod * 32 >= 2 * kAtomCols, "a period spans two atoms or more");
-  static_assert(kPlan.scale_tables_bytes == 2 * kTableEntries * kTableEntryBytes, "double-buffered table");
+  static_assert(kStageScaleBytes == kStageZerosOffset + kMaxGroupsPerAtom * kBlockRows * kZeroBytes);
   static_assert(kSmemBytes == kPlan.total_bytes, "the layout is the plan");
   static_assert(kXRingOffset % budget::kSwizzledAlign == 0 && kStageXBytes % budget::kSwizzledAlign == 0,
                 "every X stage starts a 128-byte-swizzle atom (8 rows x 128 B): the wgmma descriptor's base");
-  static_assert(kTableOffset % 16 == 0, "16-byte aligned scale table");
+  static_assert(kScaleRingOffset % budget::kBulkAlign == 0 && kStageScaleBytes % budget::kBulkAlign == 0 &&
+                    kStageZerosOffset % budget::kBulkAlign == 0,
+                "TMA destinations of the scales and zero points");
   static_assert(kBarrierOffset % budget::kMbarrierBytes == 0, "aligned mbarriers");
   static_assert(kPlan.barrier_bytes == 2 * kStages * budget::kMbarrierBytes, "a full and an empty barrier per stage");
-  static_assert(kStageWeightBytes + kStageXBytes < (1 << 20), "mbarrier tx-count range");
+  static_assert(kStageWeightBytes + kStageXBytes + kStageScaleBytes < (1 << 20), "mbarrier tx-count range");
 };
 
-// The weights and X come through tensor maps (LaunchForDtype): the prepacked weights as (atoms x 64 u64,
-// n / 16 row blocks), box (64, warps x tiles per warp); X (or its act-order gather) as (k, m), box
-// (64, block_m), 128-byte swizzle.
+// The operands come through tensor maps (LaunchTyped): the prepacked weights as (atoms x 64 u64, n / 16
+// row blocks), box (64, warps x tiles per warp); X (or its act-order gather) as (k, m), box (64, block_m),
+// 128-byte swizzle; the scales (groups, n) as (n / 2 u32, groups) and the zero points (groups, n) as
+// (n / 4 u32, groups), boxes of the CTA's rows and the atom's groups (kernel layout: w4a16_layout.py).
 struct KernelParams {
-  const void* scales;        // (n, groups) raw
-  const uint8_t* zeros;      // (n, groups) raw, or nullptr
   const void* bias;          // (n,) or nullptr
   void* y;                   // (m, n)
   float4* partials;          // split-K partials in the workspace, or nullptr
   const int32_t* act_order_flag;  // prepacked tail flag to check (no g_idx given), or nullptr
   int m, n, k;
   int group_shift;           // log2(group_size), or kPerChannelShift: groups are powers of two or all of K
-  int groups, atoms;         // groups = k / group_size, atoms = k / 64
+  int atoms;                 // k / 64
+  bool zero_points;          // zeros given (AWQ); else symmetric, z = 8
   int warps, n_tiles, splits;
 };
 
@@ -214,8 +217,8 @@ __device__ __forceinline__ T FromFloat(float v) {
 // fp16: w & 0x000f000f | 0x6400 gives 1024 + q (ulp 1); w & 0x00f000f0 | 0x6400 gives 1024 + 16 q,
 //       and fma(·, 1/16, −(64 + z)) = q − z exactly: four registers from one shift. Rows g use the
 //       low-nibble path, rows g + 8 the high-nibble one, so each row has one fixed subtrahend form.
-// The subtrahends −(magic + z) are built once per scale period, into the scale table (raw codes read
-// −(128 + z) there at promotion).
+// The subtrahends −(magic + z) are built at every group start from the stage's zero points (8 without
+// them); raw codes build −(128 + z) at promotion.
 
 // −(magic + z) in both halves, for a row in the lower (rows 0..7) or upper (8..15) half of its m16 tile.
 template <typename T>
@@ -254,18 +257,8 @@ __device__ __forceinline__ void RawCodesBf16(uint32_t w, uint32_t (&a)[4]) {
   for (int p = 0; p < 4; ++p) a[p] = AndOr(w >> (4 * p), 0x000F000Fu, kMagic);
 }
 
-// A scale table entry: the subtrahend's 16 bits (low half) and the raw 16-bit scale (high half), 4 bytes
-// per row and group, so the table leaves room for a deeper ring.
-__device__ __forceinline__ uint32_t ScaleTableEntry(uint32_t negated_subtrahend, uint32_t scale_bits) {
-  return (negated_subtrahend & 0xFFFFu) | scale_bits << 16;
-}
-
-__device__ __forceinline__ uint32_t EntrySubtrahend(uint32_t entry) {
-  return __byte_perm(entry, 0, 0x1010);  // the low half in both halves
-}
-
 // Raw codes: −(128 + z) as an fp32 (the bf16 subtrahend's bits widened; exact).
-__device__ __forceinline__ float EntryOffsetBf16(uint32_t entry) { return __uint_as_float(entry << 16); }
+__device__ __forceinline__ float RawCodeOffset(uint32_t zero) { return __uint_as_float((0xC300u | zero) << 16); }
 
 // ColumnSums: Σ x on the tensor cores (raw codes). The ldmatrix.x4 of a token tile over 32 k holds the
 // B fragments {b0, b1} of k16 steps j and j + 1; taken as an A fragment as it is, row g holds token g's
@@ -283,11 +276,11 @@ __device__ __forceinline__ void TokenSums(const float (&d)[4], int lane, float (
 }
 
 template <typename T>
-__device__ __forceinline__ float EntryScale(uint32_t entry) {
+__device__ __forceinline__ float ScaleToFloat(uint16_t bits) {
   if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(entry >> 16)));
+    return __half2float(__ushort_as_half(bits));
   } else {
-    return __uint_as_float(entry & 0xFFFF0000u);
+    return __uint_as_float(uint32_t{bits} << 16);
   }
 }
 
@@ -305,6 +298,7 @@ __device__ __forceinline__ int GroupOfAtom(int atom, int group_shift) {
 template <typename T, int kMTiles>
 __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     W4a16GemmKernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x,
+                    const __grid_constant__ CUtensorMap tm_scales, const __grid_constant__ CUtensorMap tm_zeros,
                     const __grid_constant__ KernelParams p) {
   using Cfg = Config<kMTiles>;
   constexpr int kStages = Cfg::kStages;
@@ -346,69 +340,35 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   uint8_t* smem = smem_raw + (smem_base - ptx::SharedAddress(smem_raw));
   const uint32_t weight_ring = smem_base + Cfg::kWeightRingOffset;
   const uint32_t x_ring = smem_base + Cfg::kXRingOffset;
-  uint32_t* scale_table = reinterpret_cast<uint32_t*>(smem + Cfg::kTableOffset);  // ScaleTableEntry
+  const uint8_t* scale_ring = smem + Cfg::kScaleRingOffset;
   const uint32_t full_barriers = smem_base + Cfg::kBarrierOffset;  // stage s: + 8 s
   const uint32_t empty_barriers = full_barriers + kStages * budget::kMbarrierBytes;
   auto full_barrier = [&](int slot) { return full_barriers + slot * static_cast<uint32_t>(budget::kMbarrierBytes); };
   auto empty_barrier = [&](int slot) { return empty_barriers + slot * static_cast<uint32_t>(budget::kMbarrierBytes); };
 
   // ---- main ring: one producer thread, lane 0 of the last warp (an idle warp when the plan has one).
-  // Per stage two TMA boxes: the weights of every row-owning warp's tiles (row blocks n0 / 16 ..,
-  // contiguous, in the order warp x tiles + t, L2::evict_first: read exactly once) and the X tile (rows
-  // past M arrive as zeros, so their MMA columns stay finite).
+  // Per stage three or four TMA boxes: the weights of every row-owning warp's tiles (row blocks n0 / 16 ..,
+  // contiguous, in the order warp x tiles + t, L2::evict_first: read exactly once), the X tile (rows
+  // past M arrive as zeros, so their MMA columns stay finite), and the scales (and zero points) of the
+  // atom's groups for the CTA's rows (a 128-wide group's are loaded by both of its atoms: L2 hits).
   const bool producer = tid == (launched_warps - 1) * 32;
-  const uint32_t stage_tx_bytes = p.warps * kTiles * kAtomBytes + Cfg::kStageXBytes;
+  const int groups_per_atom = group32 ? 2 : 1;
+  const uint32_t stage_tx_bytes = p.warps * kTiles * kAtomBytes + Cfg::kStageXBytes +
+                                  groups_per_atom * block_rows * (kScaleBytes + (p.zero_points ? kZeroBytes : 0));
   const uint64_t evict_first = ptx::L2EvictFirstPolicy();
   auto issue_stage = [&](int i, int slot) {
     const int atom = atom_begin + i;
     const uint32_t full = full_barrier(slot);
+    const uint32_t scale_stage = smem_base + Cfg::kScaleRingOffset + slot * Cfg::kStageScaleBytes;
+    const int group = GroupOfAtom(atom, p.group_shift);
     tma::MbarArriveExpectTx(full, stage_tx_bytes);
     tma::TmaLoad2dHint(tm_w, weight_ring + slot * Cfg::kStageWeightBytes, full, atom * (kAtomBytes / 8),
                        n0 / kAtomRows, evict_first);
     tma::TmaLoad2d(tm_x, x_ring + slot * Cfg::kStageXBytes, full, atom * kAtomCols, m0);
+    tma::TmaLoad2d(tm_scales, scale_stage, full, n0 / 2, group);
+    if (p.zero_points) tma::TmaLoad2d(tm_zeros, scale_stage + Cfg::kStageZerosOffset, full, n0 / 4, group);
   };
 
-  // ---- scale periods: kGroupsPerPeriod groups of each of the warp's rows, fetched one period ahead into
-  // registers, turned into table entries at the switch. A warp reads only its own rows' entries, so a
-  // __syncwarp publishes them. The loaded values stay untouched until the switch: any arithmetic on them
-  // at fetch time would wait out the load's latency at every period (measured: 44.0 -> 39.8 us at
-  // 1 x 28672 x 8192 without the loads, session 11).
-  const int group_first = GroupOfAtom(atom_begin, p.group_shift);
-  const int group_last = (atom_end * kAtomCols - 1) >> p.group_shift;
-  const uint16_t* scale_bits = static_cast<const uint16_t*>(p.scales);
-  uint32_t staged_scales[Cfg::kPeriodEntriesPerThread];  // 16-bit scales
-  uint32_t staged_zeros[Cfg::kPeriodEntriesPerThread];   // zero points (with p.zeros)
-
-  auto fetch_period = [&](int period) {
-#pragma unroll
-    for (int j = 0; j < Cfg::kPeriodEntriesPerThread; ++j) {
-      const int entry = lane + j * 32;
-      const int row = warp * Cfg::kWarpRows + entry / kGroupsPerPeriod;
-      const int group = group_first + period * kGroupsPerPeriod + entry % kGroupsPerPeriod;
-      const bool valid = group <= group_last && n0 + row < p.n;
-      const size_t index = static_cast<size_t>(n0 + row) * p.groups + group;
-      staged_scales[j] = valid ? __ldg(scale_bits + index) : 0u;
-      if (p.zeros != nullptr) staged_zeros[j] = valid ? __ldg(p.zeros + index) : 0u;
-    }
-  };
-  auto store_period = [&](int period) {
-    const int buffer = (period & 1) * Cfg::kTableEntries;
-    __syncwarp();  // every lane is past the atoms that read this buffer's previous period
-#pragma unroll
-    for (int j = 0; j < Cfg::kPeriodEntriesPerThread; ++j) {
-      const int entry = lane + j * 32;
-      const int row = warp * Cfg::kWarpRows + entry / kGroupsPerPeriod;
-      const uint32_t zero = p.zeros == nullptr ? 8u : staged_zeros[j];
-      scale_table[buffer + (entry % kGroupsPerPeriod) * Cfg::kBlockRows + row] =
-          ScaleTableEntry(NegatedSubtrahend<T>(zero, row % kAtomRows >= 8), staged_scales[j]);
-    }
-    __syncwarp();
-  };
-
-  int period = 0;
-  // The first period's scale loads go out before the ring's first stages, not behind them (measured:
-  // -1 to -3% at 1 x 28672 x 8192 in three runs; the prologue waits on them).
-  fetch_period(0);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::MbarInit(full_barrier(s), 1);                // the producer's arrive.expect_tx, then the bytes
@@ -419,13 +379,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   if (producer) {
     tma::TmaPrefetch(tm_w);
     tma::TmaPrefetch(tm_x);
+    tma::TmaPrefetch(tm_scales);
+    if (p.zero_points) tma::TmaPrefetch(tm_zeros);
   }
   __syncthreads();  // the barriers are initialized
   if (producer) {
     for (int i = 0; i < kStages - 1 && i < num_atoms; ++i) issue_stage(i, i);
   }
-  store_period(0);
-  fetch_period(1);
 
   // ---- compute state. A wgmma accumulator of N = 8 kMTiles tokens holds, per warp, the m16 tile's
   // fragment d[4 mt + e]: row g + 8 (e / 2), token 8 mt + 2 (lane % 4) + e % 2 (the mma.sync C layout
@@ -460,15 +420,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
       if (i > 0) tma::MbarWait(empty_barrier(refill % kStages), (refill / kStages - 1) & 1);
       issue_stage(refill, refill % kStages);
     }
-    // A period spans >= 2 atoms. The table of a new period overwrites the buffer of the period two back,
-    // which the warp's atoms before i no longer read.
     const int atom = atom_begin + i;
-    const unsigned local_group = GroupOfAtom(atom, p.group_shift) - group_first;
-    if (static_cast<int>(local_group / kGroupsPerPeriod) != period) {
-      period = static_cast<int>(local_group / kGroupsPerPeriod);
-      store_period(period);
-      fetch_period(period + 1);
-    }
     tma::MbarWait(full_barrier(slot), full_phase);  // atom i's weights and X landed
     const int atom_slot = slot;
     slot = slot + 1 == kStages ? 0 : slot + 1;
@@ -476,8 +428,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
 
     const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
     const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 || atom + 1 == atom_end;
-    const int table_index = ((local_group / kGroupsPerPeriod) & 1) * Cfg::kTableEntries +
-                            (local_group % kGroupsPerPeriod) * Cfg::kBlockRows + row_in_block;
+    // This lane's rows g of the atom's first group: scales, zero points (row g + 8 is 8 entries on, tile t 16 t)
+    const uint16_t* row_scales = reinterpret_cast<const uint16_t*>(scale_ring + atom_slot * Cfg::kStageScaleBytes) + row_in_block;
+    const uint8_t* row_zeros = scale_ring + atom_slot * Cfg::kStageScaleBytes + Cfg::kStageZerosOffset + row_in_block;
     const uint32_t weight_addr = weight_ring + atom_slot * Cfg::kStageWeightBytes + (warp * kTiles * 32 + lane) * 16;
     uint4 words[kTiles];
 #pragma unroll
@@ -489,13 +442,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      // Group j / 2 of the atom (32-wide groups) or its only group; its table entries.
-      const uint32_t* group_entries = scale_table + table_index + (group32 && j >= 2 ? Cfg::kBlockRows : 0);
+      // Group j / 2 of the atom (32-wide groups) or its only group: its rows in the scale stage.
+      const int group_rows = group32 && j >= 2 ? block_rows : 0;
+      auto zero_of = [&](int row) -> uint32_t { return p.zero_points ? row_zeros[group_rows + row] : 8u; };
       if (!kRawCodes && ((j == 0 && atom_starts_group) || (group32 && j == 2))) {  // a group starts
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
-          sub[t][0] = EntrySubtrahend(group_entries[t * kAtomRows]);
-          sub[t][1] = EntrySubtrahend(group_entries[t * kAtomRows + 8]);
+          sub[t][0] = NegatedSubtrahend<T>(zero_of(t * kAtomRows), false);
+          sub[t][1] = NegatedSubtrahend<T>(zero_of(t * kAtomRows + 8), true);
         }
       }
       uint32_t a[kTiles][4];
@@ -533,15 +487,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
         if constexpr (kRawCodes) TokenSums(sums, lane, token_sums);
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
-          const uint32_t entries[2] = {group_entries[t * kAtomRows], group_entries[t * kAtomRows + 8]};
+          const float scales[2] = {ScaleToFloat<T>(row_scales[group_rows + t * kAtomRows]),       // row g
+                                   ScaleToFloat<T>(row_scales[group_rows + t * kAtomRows + 8])};  // row g + 8
+          float offsets[2] = {};
+          if constexpr (kRawCodes) {
+            offsets[0] = RawCodeOffset(zero_of(t * kAtomRows));
+            offsets[1] = RawCodeOffset(zero_of(t * kAtomRows + 8));
+          }
 #pragma unroll
           for (int e = 0; e < kFrag; ++e) {
-            const uint32_t entry = entries[(e / 2) % 2];  // row g or g + 8
+            const int row = (e / 2) % 2;                   // row g or g + 8
             float exact_part = part[t][e];                 // Σ x·(q − z)
             if constexpr (kRawCodes) {                     // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
-              exact_part = fmaf(EntryOffsetBf16(entry), token_sums[e % 2], exact_part);
+              exact_part = fmaf(offsets[row], token_sums[e % 2], exact_part);
             }
-            acc[t][e] = fmaf(EntryScale<T>(entry), exact_part, acc[t][e]);
+            acc[t][e] = fmaf(scales[row], exact_part, acc[t][e]);
             if constexpr (!kWgmma) part[t][e] = 0.f;
           }
         }
@@ -666,22 +626,31 @@ int Log2(int64_t power_of_two) {
   return log;
 }
 
-// x: the activations or their act-order gather (m, k); qweight: the prepacked weights.
+// x: the activations or their act-order gather (m, k); the weights, scales and zeros in their kernel layouts.
 template <typename T, int kMTiles>
-cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, const void* x, const void* qweight,
+cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, const void* x, const GemmArgs& args,
                         cudaStream_t stream) {
   using Cfg = Config<kMTiles>;
   auto* kernel = &W4a16GemmKernel<T, kMTiles>;
   constexpr int kSmem = Cfg::kSmemBytes;
-  const uint64_t m = params.m, k = params.k, row_blocks = params.n / kAtomRows;
+  const uint64_t m = params.m, n = params.n, k = params.k, row_blocks = n / kAtomRows;
+  const uint64_t groups = k / args.group_size;
   const uint64_t row_block_words = uint64_t(params.atoms) * kAtomBytes / 8;  // row block nb at nb x atoms x 512 B
-  CUtensorMap tm_w{}, tm_x{};
-  const bool encoded =
-      tma::EncodeTiled<2>(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT64, qweight, {row_block_words, row_blocks},
-                          {row_block_words * 8}, {kAtomBytes / 8, uint32_t(plan.warps * Cfg::kTilesPerWarp)},
-                          CU_TENSOR_MAP_SWIZZLE_NONE) &&
+  const uint32_t block_rows = plan.warps * Cfg::kWarpRows;
+  const uint32_t groups_per_atom = args.group_size == 32 ? 2 : 1;
+  CUtensorMap tm_w{}, tm_x{}, tm_scales{}, tm_zeros{};
+  const auto none = CU_TENSOR_MAP_SWIZZLE_NONE;
+  bool encoded =
+      tma::EncodeTiled<2>(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT64, args.qweight, {row_block_words, row_blocks},
+                          {row_block_words * 8}, {kAtomBytes / 8, block_rows / kAtomRows}, none) &&
       tma::EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {k, m}, {k * sizeof(T)},
-                          {uint32_t(kAtomCols), uint32_t(Cfg::kBlockM)}, CU_TENSOR_MAP_SWIZZLE_128B);
+                          {uint32_t(kAtomCols), uint32_t(Cfg::kBlockM)}, CU_TENSOR_MAP_SWIZZLE_128B) &&
+      tma::EncodeTiled<2>(&tm_scales, CU_TENSOR_MAP_DATA_TYPE_UINT32, args.scales, {n / 2, groups}, {n * kScaleBytes},
+                          {block_rows / 2, groups_per_atom}, none);
+  if (args.zeros != nullptr) {
+    encoded = encoded && tma::EncodeTiled<2>(&tm_zeros, CU_TENSOR_MAP_DATA_TYPE_UINT32, args.zeros, {n / 4, groups},
+                                             {n * kZeroBytes}, {block_rows / 4, groups_per_atom}, none);
+  }
   if (!encoded) return cudaErrorInvalidValue;
   // Per call, not once per process: the attribute belongs to the current device's context.
   if (cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -689,7 +658,7 @@ cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, con
     return status;
   }
   const dim3 grid(plan.n_tiles * plan.splits, plan.m_blocks);
-  kernel<<<grid, W4a16Threads(plan.warps), kSmem, stream>>>(tm_w, tm_x, params);
+  kernel<<<grid, W4a16Threads(plan.warps), kSmem, stream>>>(tm_w, tm_x, tm_scales, tm_zeros, params);
   return cudaGetLastError();
 }
 
@@ -715,24 +684,22 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
   if (plan.splits > 1) {
     params.partials = reinterpret_cast<float4*>(base + ws.partials);
   }
-  params.scales = args.scales;
-  params.zeros = args.zeros;
+  params.zero_points = args.zeros != nullptr;
   params.bias = args.bias;
   params.y = args.y;
   params.m = static_cast<int>(args.m);
   params.n = static_cast<int>(args.n);
   params.k = static_cast<int>(args.k);
   params.group_shift = args.group_size == args.k ? kPerChannelShift : Log2(args.group_size);
-  params.groups = static_cast<int>(args.k / args.group_size);
   params.atoms = static_cast<int>(args.k / kAtomCols);
   params.warps = plan.warps;
   params.n_tiles = plan.n_tiles;
   params.splits = plan.splits;
   switch (plan.m_tiles) {
-    case 1: return LaunchTyped<T, 1>(params, plan, x, args.qweight, stream);
-    case 2: return LaunchTyped<T, 2>(params, plan, x, args.qweight, stream);
-    case 4: return LaunchTyped<T, 4>(params, plan, x, args.qweight, stream);
-    default: return LaunchTyped<T, 8>(params, plan, x, args.qweight, stream);
+    case 1: return LaunchTyped<T, 1>(params, plan, x, args, stream);
+    case 2: return LaunchTyped<T, 2>(params, plan, x, args, stream);
+    case 4: return LaunchTyped<T, 4>(params, plan, x, args, stream);
+    default: return LaunchTyped<T, 8>(params, plan, x, args, stream);
   }
 }
 

@@ -17,8 +17,8 @@ enum class Dtype { kBf16, kFp16 };
 struct GemmArgs {
   const void* x;          // (m, k) bf16/fp16
   const int32_t* qweight;  // prepacked (n / 16 + 1, 2 k) int32
-  const void* scales;     // (n, k / group_size) x dtype
-  const uint8_t* zeros;   // (n, k / group_size) uint8, or nullptr (symmetric, z = 8)
+  const void* scales;     // (k / group_size, n) x dtype: the kernel layout (w4a16_layout.prepack_scales)
+  const uint8_t* zeros;   // (k / group_size, n) uint8, or nullptr (symmetric, z = 8)
   const int32_t* g_idx;   // (k,) int32 act-order groups, or nullptr
   const void* bias;       // (n,) x dtype, or nullptr
   void* y;                // (m, n) x dtype

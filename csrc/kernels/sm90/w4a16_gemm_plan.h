@@ -5,10 +5,10 @@
 // the workspace (an XLA-allocated output: CUDA-graph safe) with the launcher's own code.
 //
 // A CTA owns up to 8 warps x tiles_per_warp m16 tiles of W and 8 x m_tiles tokens; one ring stage is one
-// 64-wide K atom: 512 B of prepacked weights per m16 tile plus the X tile (one 128-byte row per token,
-// 128-byte swizzle: the wgmma B operand), both one TMA box, and its two mbarriers (full, empty). Fixed
-// objects: the double-buffered scale table (dequantization subtrahend and scale of 4 groups of every row,
-// 4 bytes each) and 1 KB of slack to align the base for the swizzle. Up to 8 tokens a warp owns 4 m16 tiles
+// 64-wide K atom, each part one TMA box: 512 B of prepacked weights per m16 tile, the X tile (one 128-byte
+// row per token, 128-byte swizzle: the wgmma B operand), and the scales and zero points of the atom's
+// groups (two with 32-wide groups) for every row, from their (K/G, N) kernel layout; plus the stage's two
+// mbarriers (full, empty). Fixed: 1 KB of slack to align the base for the swizzle. Up to 8 tokens a warp owns 4 m16 tiles
 // (the X fragments, the loop and the barrier serve twice the weights: measured −9% at 1 x 28672 x 8192);
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
@@ -30,8 +30,9 @@ inline constexpr int kRowGranule = 32;                   // N % 32: a warp's til
 inline constexpr int kMinWarps = 4;
 inline constexpr int kMaxWarps = 8;
 inline constexpr int kXRowBytes = kAtomCols * 2;         // 128 B: one swizzle row (8 rows = 1 KB atom)
-inline constexpr int kGroupsPerPeriod = 4;               // even: a 64-wide atom never straddles two periods
-inline constexpr int kTableEntryBytes = 4;               // 16-bit dequantization subtrahend, 16-bit scale
+inline constexpr int kMaxGroupsPerAtom = kAtomCols / 32;  // 32-wide groups: two per atom
+inline constexpr int kScaleBytes = 2;                    // bf16 / fp16
+inline constexpr int kZeroBytes = 1;                     // uint8 zero point
 inline constexpr int kMinStages = 4;                     // the ring must hide HBM latency
 inline constexpr int kMaxStages = 16;
 inline constexpr int kMTileOptions[] = {1, 2, 4, 8};     // n8 token tiles per CTA the kernel instantiates
@@ -51,10 +52,10 @@ struct W4a16Plan {
   int stages;
   int stage_weight_bytes;
   int stage_x_bytes;
+  int stage_scale_bytes;  // scales and zero points of kMaxGroupsPerAtom groups of block_rows rows
   int stage_bytes;
   int ring_bytes;
   int barrier_bytes;    // a full and an empty mbarrier per stage
-  int scale_tables_bytes;
   int total_bytes;      // dynamic shared memory per CTA
   int per_sm_bytes;     // ctas_per_sm x (total + the driver's reservation)
 
@@ -73,10 +74,10 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles) {
   p.block_rows = kMaxWarps * WarpRows(m_tiles);
   p.stage_weight_bytes = kMaxWarps * p.tiles_per_warp * kAtomBytes;
   p.stage_x_bytes = p.block_m * kXRowBytes;
-  p.stage_bytes = p.stage_weight_bytes + p.stage_x_bytes;
-  p.scale_tables_bytes = 2 * kGroupsPerPeriod * p.block_rows * kTableEntryBytes;  // double-buffered
+  p.stage_scale_bytes = kMaxGroupsPerAtom * p.block_rows * (kScaleBytes + kZeroBytes);
+  p.stage_bytes = p.stage_weight_bytes + p.stage_x_bytes + p.stage_scale_bytes;
   const int per_cta = static_cast<int>(budget::kSmemPerSmSm90 / p.ctas_per_sm - budget::kSmemReservedPerCtaSm90);
-  const int fixed = static_cast<int>(p.scale_tables_bytes + budget::kSwizzledAlign);
+  const int fixed = static_cast<int>(budget::kSwizzledAlign);
   const int stage_barrier_bytes = static_cast<int>(2 * budget::kMbarrierBytes);
   const int fit = (per_cta - fixed) / (p.stage_bytes + stage_barrier_bytes);
   p.stages = fit < kMaxStages ? fit : kMaxStages;
