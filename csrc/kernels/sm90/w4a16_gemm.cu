@@ -49,9 +49,10 @@
 //    the stage's full mbarrier. Every warp releases the stage on its empty mbarrier once its reads are
 //    done (wgmma: the atom's wgmmas retired); the producer refills the slot of atom i - 1 before it
 //    computes atom i. The wgmmas read the TMA-written stage directly: no proxy fence.
-//    (Before session 11 every thread issued cp.async for its own fragment words and X chunks, with a
-//    __syncthreads per atom, and the scales came through 2-byte loads of an (N, K/G) layout into a
-//    double-buffered table: 1 x 28672 x 8192 45.7 -> 44.0 us (TMA ring) -> see NOTES (scales).)
+//    (Until session 10 every thread cp.async'ed its own fragment words and X chunks, with a __syncthreads
+//    per atom, and fetched the scales with 2-byte loads of an (N, K/G) layout into a double-buffered
+//    table. Measured at 1 x 28672 x 8192: 45.7 -> 44.0 us with the TMA ring, -> 38.8-39.5 us with the
+//    scales in the stage; 16 tokens 63.7 -> 54.8 us; benchmarks/NOTES.md, session 11.)
 //  * compute: per k16 step, lop3 + fma dequantization of every m16 tile (the 0x6400 fp16 / 0x4300 bf16
 //    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), then the MMAs. wgmma: one per tile,
 //    commit, and the previous step retired (wait_group 1) before the next writes its A registers;
@@ -70,11 +71,11 @@
 //   = 103504 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 107152 B (16: 8 warps x 2 tiles,
 //     9 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM).
 //
-// Measured limits (ncu, benchmarks/NOTES.md, session 6, mma.sync build): 1 x 28672 x 8192 runs at ~47 us
-// = ~2.6 TB/s against a 29 us ceiling for this ring without arithmetic (session 6's probe). Latency- and
-// issue-bound (0.44 instructions per scheduler and cycle): of 311 warp-instructions per 64-wide atom at
-// 1-8 tokens, 136 were dequantization, MMAs and fragment loads; the rest is per-atom bookkeeping, which
-// the wgmma change did not touch (1-16 tokens: same times).
+// Measured limits (benchmarks/NOTES.md, session 11): the ring alone (every warp releases each stage
+// unread) streams 1 x 28672 x 8192 in 32.1 us (3.78 TB/s) and 8192² in 14.4 us; with the arithmetic
+// 38.8-39.5 us and 17.1 us. ncu (cold L2): 41.4 us, 16.7 M warp-instructions, 1.1 eligible warps per
+// scheduler of 3.6 active, 7.1 cycles per issued instruction: latency-bound (the dequantization chain
+// and the stage waits), not issue-bound. 16 tokens: 56.7 us, 28.2 M instructions.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
