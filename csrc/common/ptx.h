@@ -1,5 +1,5 @@
 // PTX wrappers shared by the sm90 kernels (one definition per instruction form); wgmma is in
-// common/wgmma.h. Kernel-specific wrappers (TMA, mbarriers, cache-hinted copies) stay in their kernel's file.
+// common/wgmma.h, mbarriers and TMA loads in common/tma.h. Wrappers one kernel uses stay in its file.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
       issue_stage(refill, refill % kStages);
     }
     const int atom = atom_begin + i;
-    tma::MbarWait(full_barrier(slot), full_phase);  // atom i's weights and X landed
+    tma::MbarWait(full_barrier(slot), full_phase);  // atom i's stage (weights, X, scales) landed
     const int atom_slot = slot;
     slot = slot + 1 == kStages ? 0 : slot + 1;
     full_phase ^= slot == 0;
