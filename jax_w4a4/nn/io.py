@@ -102,16 +102,18 @@ def _migrate(config: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
     Version 1: the svdq weight scales ``(N, K/64)`` -> stage-major ``(K/128, N, 2)``
     (:func:`jax_w4a4.formats.svdq_layout.prepack_scales`). Versions 1-2: the w4a16 scales and zero points
     ``(N, K/G)`` -> ``(K/G, N)`` (:func:`jax_w4a4.formats.w4a16_layout.prepack_scales`)."""
-    version = config["version"]
+    migrations = (  # weights type, the first version with the kernel layout, its fields, the conversion
+        (SVDQuantWeights, 2, ("wscales",), svdq_layout.prepack_scales),
+        (W4A16Weights, 3, ("scales", "zeros"), w4a16_layout.prepack_scales),
+    )
     for name, entry in config["layers"].items():
-        if entry["weights"] == SVDQuantWeights.__name__ and version < 2:
-            key = f"{name}/weights/wscales"
-            tensors[key] = np.asarray(svdq_layout.prepack_scales(tensors[key]))
-        if entry["weights"] == W4A16Weights.__name__ and version < 3:
-            for field in ("scales", "zeros"):
+        for cls, since, fields, to_kernel_layout in migrations:
+            if entry["weights"] != cls.__name__ or config["version"] >= since:
+                continue
+            for field in fields:
                 key = f"{name}/weights/{field}"
-                if key in tensors:
-                    tensors[key] = np.asarray(w4a16_layout.prepack_scales(tensors[key]))
+                if key in tensors:  # absent: an optional field, or a file the checks below reject
+                    tensors[key] = np.asarray(to_kernel_layout(tensors[key]))
 
 
 def load_quantized(model: M, directory: str | os.PathLike) -> M:
