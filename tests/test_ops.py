@@ -76,6 +76,7 @@ def _bad_inputs(rng):
         (lambda: g16(xw, qw16, s16, z16[:1]), r"zeros must have shape \(4, 128\)"),
         (lambda: g16(xw, qw16, s16, z16, g_idx=jnp.zeros(K, jnp.int64 if jax.config.x64_enabled else jnp.float32)), r"g_idx must have dtype int32"),
         (lambda: g16(xw[..., :128], qw16, s16, z16), r"scales must have shape \(2, 128\)"),
+        (lambda: g16(xw, qw16, s16.T, z16), r"scales \(128, 4\) look like the logical \(N, K/G\) layout.*prepack_scales"),
     ]
 
 

@@ -287,6 +287,9 @@ def _w4a16_gemm_abstract(x, qweight, scales, zeros, g_idx, bias, *, group_size):
     if group_size != k:
         checks.one_of(op, "group_size", group_size, (*w4a16.GROUP_SIZES, k))
     checks.multiple_of(op, "x.shape[-1] (K)", k, group_size, f" for group_size={group_size}")
+    if scales.shape[1] == k // group_size != scales.shape[0]:
+        checks.fail(op, f"scales {tuple(scales.shape)} look like the logical (N, K/G) layout; the kernel layout is "
+                        f"(K/G, N) = {(k // group_size, scales.shape[0])}: convert with w4a16_layout.prepack_scales")
     checks.shape_is(op, "scales", scales, (k // group_size, n))
     checks.dtype_in(op, "scales", scales, [x.dtype])
     checks.shape_is(op, "qweight", qweight, w4a16_layout.prepacked_shape(n, k))
