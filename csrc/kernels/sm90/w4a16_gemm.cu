@@ -430,8 +430,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
     const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 || atom + 1 == atom_end;
     // This lane's rows g of the atom's first group: scales, zero points (row g + 8 is 8 entries on, tile t 16 t)
-    const uint16_t* row_scales = reinterpret_cast<const uint16_t*>(scale_ring + atom_slot * Cfg::kStageScaleBytes) + row_in_block;
-    const uint8_t* row_zeros = scale_ring + atom_slot * Cfg::kStageScaleBytes + Cfg::kStageZerosOffset + row_in_block;
+    const uint8_t* scale_stage = scale_ring + atom_slot * Cfg::kStageScaleBytes;
+    const uint16_t* row_scales = reinterpret_cast<const uint16_t*>(scale_stage) + row_in_block;
+    const uint8_t* row_zeros = scale_stage + Cfg::kStageZerosOffset + row_in_block;
     const uint32_t weight_addr = weight_ring + atom_slot * Cfg::kStageWeightBytes + (warp * kTiles * 32 + lane) * 16;
     uint4 words[kTiles];
 #pragma unroll
