@@ -233,8 +233,9 @@ def test_table_lists_act_quant_plans():
 def test_w4a16_plans_add_up_fit_and_are_tight():
     plans = [budget.w4a16_plan(m) for m in budget.w4a16_m_tiles()]
     assert [p.m_tiles for p in plans] == [1, 2, 4, 8]
-    # Up to 8 tokens a warp owns 4 m16 tiles, past that 2 (their accumulators and partials fill the registers).
-    assert [p.tiles_per_warp for p in plans] == [4, 2, 2, 2]
+    # Up to 16 tokens (mma.sync) a warp owns 4 m16 tiles, past that (wgmma) 2: their accumulators and partials
+    # fill the registers.
+    assert [p.tiles_per_warp for p in plans] == [4, 4, 2, 2]
     for p in plans:
         assert p.block_m == 8 * p.m_tiles
         assert p.block_rows == 8 * p.tiles_per_warp * 16
@@ -275,6 +276,11 @@ def test_w4a16_workspace_follows_the_launch_plan():
     # 4096 x 4096 at 64 tokens: at most 4 splits (kMaxSplitsAt64Tokens: their 64 KB partials are summed by one
     # CTA), so 32 column tiles of 4 warps x 2 m16 tiles x 8 token tiles -> 128 CTAs.
     assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32
+    # 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplitsAt16Tokens). 8192² (128
+    # atoms): 32 column tiles of 4 warps x 4 m16 tiles x 2 token tiles in 8 splits, not 16 tiles of 8 warps in
+    # 16; 8192 x 28672 (448 atoms): 16 tiles of 8 warps in 16 splits of 28 atoms.
+    assert budget.w4a16_workspace_bytes(16, 8192, 8192, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * 2 * 32
+    assert budget.w4a16_workspace_bytes(16, 8192, 28672, 128, act_order=False, num_sms=132) == 16 * 16 * 16 * 8 * 4 * 2 * 32
     assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32
     assert budget.w4a16_workspace_bytes(0, 28672, 8192, 128, act_order=False, num_sms=132) == -1
 

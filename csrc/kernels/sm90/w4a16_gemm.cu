@@ -7,30 +7,33 @@
 // orientation); fp32 accumulation. Each warp dequantizes its own m16 tiles into A fragments in the
 // mma.sync m16n8k16 layout, which is also a warp's 16-row slice of a register A operand of wgmma.
 // The X tile sits in shared memory K-major with the 128-byte swizzle. By the token tile:
-//  * 16-64 tokens: wgmma m64nNk16, N = the token tile, B read by the tensor cores from shared memory.
+//  * 32-64 tokens: wgmma m64nNk16, N = the token tile, B read by the tensor cores from shared memory.
 //    Tile t of the four warps of a warpgroup forms one wgmma (each warp gets its slice of D back), so
 //    the MMAs per k16 step and warp are the m16 tiles whatever the tokens, and no X fragment passes
 //    through registers (mma.sync took tiles x token tiles MMAs and an ldmatrix per token tile;
 //    measured at 64 tokens: 140 -> 102 us at 28672 x 8192, 47.4 -> 34.4 us at 8192², session 10).
-//  * 8 tokens: mma.sync m16n8k16 with B fragments from ldmatrix (the swizzled addresses). wgmma there
-//    cost 1 x 28672 x 8192 45.4 -> 48.2 us and 4096² 8.8 -> 10.4 us (session 10): with 4 tiles per warp,
-//    128 registers hold one step's A fragments in flight, so every k16 step waited for its wgmmas.
+//  * 8 and 16 tokens: mma.sync m16n8k16, one MMA per m16 tile and token tile, B fragments from ldmatrix
+//    (the swizzled addresses). A warp owns 4 m16 tiles here, and wgmma with 4 tiles cost 1 x 28672 x 8192
+//    45.4 -> 48.2 us and 4096² 8.8 -> 10.4 us (session 10): 128 registers hold one step's A fragments in
+//    flight, so every k16 step waited for its wgmmas. At 16 tokens mma.sync with 4 tiles and raw codes
+//    against wgmma with 2: 55.1 -> 49.4 us at 28672 x 8192 (session 12; without memory waits 50.1 us:
+//    the wgmma tiles were compute-bound, at twice the warp-atoms and their bookkeeping).
 //
 // Numerics: exact Ŵ. No weight is rounded (MARLIN rounds (q − z)·s to bf16, a 2^-9 relative error per
 // weight); the only roundings are fp32 accumulation and the final cast, like the reference.
-//  * fp16, and bf16 beyond 8 tokens: the A fragment is q − z, exact; the MMAs of one group accumulate
+//  * fp16, and bf16 beyond 16 tokens: the A fragment is q − z, exact; the MMAs of one group accumulate
 //    Σ x·(q − z) into fp32 partials, promoted at the group's end with one fp32 FMA per element:
 //    acc += s · partial.
-//  * bf16 up to 8 tokens ("raw codes"): the A fragment is the raw code 128 + q, exact; the MMAs
+//  * bf16 up to 16 tokens ("raw codes"): the A fragment is the raw code 128 + q, exact; the MMAs
 //    accumulate Σ x·(128 + q), and column-sum MMAs (A = X, B = ones) S = Σ x of each token, both in fp32.
 //    Promotion: acc += s · fma(−(128 + z), S, partial) = s · Σ x·(q − z), the difference rounded once.
-//    S comes from one more wgmma per k16 step with A = ones (ColumnSums).
+//    S comes from one more MMA per two k16 steps and token tile with B = ones (ColumnSums).
 //    The partials carry the offset 128·S, so their fp32 rounding error is up to ~200 times that of
 //    Σ x·(q − z): ~1e-6 of the result, ~2e-5 for all-positive X if the tensor cores truncate (a CPU
 //    emulation). It grows with the columns per partial, so raw codes promote at least every 128 columns,
 //    per-channel scales too (a whole 8192-column partial: ~2e-3 in the same emulation).
 //
-// Work split. A CTA owns `warps` warps of W rows (up to 8 tokens a warp owns four m16 tiles = 64 rows,
+// Work split. A CTA owns `warps` warps of W rows (up to 16 tokens a warp owns four m16 tiles = 64 rows,
 // so the X fragments, the loop and the barrier serve twice the weights; beyond, two tiles, since the
 // accumulators fill the registers) and a K range (split-K over `splits` CTAs), chosen on the host so
 // one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). The CTA launches whole warpgroups; the
@@ -56,8 +59,8 @@
 //  * compute: per k16 step, lop3 + fma dequantization of every m16 tile (the 0x6400 fp16 / 0x4300 bf16
 //    exponent tricks; no lookup tables; bf16 raw codes: lop3 only), then the MMAs. wgmma: one per tile,
 //    commit, and the previous step retired (wait_group 1) before the next writes its A registers;
-//    every group end retires all and promotes. mma.sync (8 tokens): an ldmatrix per two k16 steps,
-//    one MMA per tile (raw codes: plus the column sums), promotion at group ends.
+//    every group end retires all and promotes. mma.sync (8, 16 tokens): an ldmatrix per two k16 steps and
+//    token tile, one MMA per tile and token tile (raw codes: plus the column sums), promotion at group ends.
 //  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials of the lanes that hold a token
 //    < M, arrival counter, ordered reduction).
 // Act-order: the weights are stored in argsort(g_idx) order; LaunchGemm first gathers X's columns in
@@ -68,14 +71,16 @@
 // shared by CtasPerSm CTAs, less the driver's 1 KB per CTA; python -m jax_w4a4.budget prints it):
 //   kStages x (weights of one atom + M_tile x 128 B of X + 2 groups x rows x 3 B of scales and zero
 //   points + 16 B of mbarriers) + 1 KB to align the base to the swizzle atom
-//   = 103504 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 107152 B (16: 8 warps x 2 tiles,
-//     9 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM).
+//   = 103504 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 108624 B (16: 8 warps x 4 tiles,
+//     5 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM).
 //
 // Measured limits (benchmarks/NOTES.md, session 11): the ring alone (every warp releases each stage
 // unread) streams 1 x 28672 x 8192 in 32.1 us (3.78 TB/s) and 8192² in 14.4 us; with the arithmetic
 // 38.8-39.5 us and 17.1 us. ncu (cold L2): 41.4 us, 16.7 M warp-instructions, 1.1 eligible warps per
 // scheduler of 3.6 active, 7.1 cycles per issued instruction: latency-bound (the dequantization chain
-// and the stage waits), not issue-bound. 16 tokens: 56.7 us, 28.2 M instructions.
+// and the stage waits), not issue-bound. With the ring's waits removed (a timing probe, session 12) the
+// arithmetic alone takes 31.2 us, about as long as the stream: the kernel pays wherever either waits
+// for the other. 16 tokens: 49.4 us (session 12).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -98,7 +103,6 @@ namespace {
 // ------------------------------------------------------------------------------------------ geometry
 
 constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
-constexpr int kMaxRawCodeMTiles = 1;              // bf16 raw codes up to 8 tokens: dequantization notes
 constexpr int kRawCodesMaxPromotionCols = 128;    // raw-code partials carry an offset: see Numerics
 
 template <int kMTiles>  // n8 tiles of tokens
@@ -207,11 +211,11 @@ __device__ __forceinline__ T FromFloat(float v) {
 //
 // bf16: (w >> 4p) & 0x000f000f | 0x4300 gives 128 + q in each half (bf16 ulp at 128 is 1), and
 //       fma(·, 1, −(128 + z)) gives q − z exactly.
-//       Raw codes (up to 8 tokens): the MMA takes 128 + q as it is (3 shifts + 4 lop3 per 8 weights, no
-//       packed FMAs); the offset is removed at promotion with the column sums of X (Numerics above),
-//       one wgmma per k16 step shared by all of the warp's m16 tiles (ColumnSums). Beyond 8 tokens the
-//       saved FMAs did not pay: with mma.sync (ncu, session 4: 16 tokens 62.7 -> 65.1 us at
-//       28672 x 8192) and with wgmma (session 10: 16 tokens 63.7 -> 63.9 us): those keep the FMAs.
+//       Raw codes (mma.sync, up to 16 tokens): the MMA takes 128 + q as it is (3 shifts + 4 lop3 per 8
+//       weights, no packed FMAs); the offset is removed at promotion with the column sums of X (Numerics
+//       above), one MMA per two k16 steps and token tile shared by all of the warp's m16 tiles
+//       (ColumnSums). With wgmma the saved FMAs did not pay (session 10: 16 tokens 63.7 -> 63.9 us): the
+//       wgmma tiles keep them.
 //       (Tried in session 3: subtracting (128 + z) with one more MMA per k16 step and m16 tile into the
 //       tile's own accumulator. Slower: it doubled every accumulator's MMA chain and the tensor pipe
 //       throttled issue; benchmarks/NOTES.md.)
@@ -289,6 +293,12 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
+// Token tile mt (an n8 MMA's four accumulators) of an m16 tile's fragment d[4 mt + e].
+template <int kFrag>
+__device__ __forceinline__ float (&TokenTile(float (&frag)[kFrag], int mt))[4] {
+  return *reinterpret_cast<float(*)[4]>(&frag[4 * mt]);
+}
+
 // First group of an atom (groups are 32, 64, 128 or k wide; atoms 64): shifts, not divisions.
 __device__ __forceinline__ int GroupOfAtom(int atom, int group_shift) {
   return (atom * kAtomCols) >> group_shift;
@@ -304,11 +314,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   using Cfg = Config<kMTiles>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kTiles = Cfg::kTilesPerWarp;
-  // bf16 up to 8 tokens: raw codes and column sums (see the dequantization notes).
-  constexpr bool kRawCodes = std::is_same_v<T, __nv_bfloat16> && kMTiles <= kMaxRawCodeMTiles;
-  // One token tile: mma.sync (see Orientation); wider tiles: wgmma.
-  constexpr bool kWgmma = kMTiles > 1;
-  static_assert(!(kRawCodes && kWgmma), "raw codes are an mma.sync path: their column sums use its fragments");
+  // Up to 16 tokens mma.sync (see Orientation), beyond wgmma; bf16 on mma.sync: raw codes and column sums
+  // (see the dequantization notes).
+  constexpr bool kWgmma = kMTiles > kMaxMmaSyncMTiles;
+  constexpr bool kRawCodes = std::is_same_v<T, __nv_bfloat16> && !kWgmma;
   extern __shared__ __align__(128) uint8_t smem_raw[];
 
   const int tid = threadIdx.x;
@@ -402,11 +411,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     for (int e = 0; e < kFrag; ++e) acc[t][e] = part[t][e] = 0.f;
   }
   uint32_t sub[kTiles][2] = {};  // −(magic + z) of the current group, rows g and g + 8 of each tile
-  float sums[4] = {};            // raw codes: column-sum MMA accumulators since the last promotion
+  float sums[kMTiles][4] = {};   // raw codes: column-sum MMA accumulators since the last promotion
   const int row_in_block = warp * Cfg::kWarpRows + lane / 4;  // row g of tile 0; tile t adds 16 t, g + 8 adds 8
   uint32_t fresh_partial = 1;  // wgmma: the next wgmmas start the partials (scale-d = 0) instead of adding
-  // mma.sync: ldmatrix.x4 of the token tile over 32 k (k16 steps 2h, 2h + 1): lanes 8q..8q+7 give token
-  // rows 0..7 at 16-byte chunk 4h + q of the swizzled row.
+  // mma.sync: ldmatrix.x4 of a token tile over 32 k (k16 steps 2h, 2h + 1): lanes 8q..8q+7 give its
+  // token rows 0..7 at 16-byte chunk 4h + q of the swizzled row (token tile mt: 8 rows, 1 KB, further).
   const uint32_t x_lane_offset[2] = {
       static_cast<uint32_t>((lane % 8) * kXRowBytes + (((lane / 8) ^ (lane % 8)) << 4)),
       static_cast<uint32_t>((lane % 8) * kXRowBytes + (((4 + lane / 8) ^ (lane % 8)) << 4))};
@@ -440,7 +449,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     // B = the atom's X tile, K-major with the 128-byte swizzle; k16 step j starts 32 bytes into each row.
     const uint32_t x_stage = x_ring + atom_slot * Cfg::kStageXBytes;
     const uint64_t x_desc = MakeSmemDesc(x_stage, 16, 8 * kXRowBytes, kSwizzle128B);
-    uint32_t xk32[4];  // mma.sync: the B fragments of k16 steps j and j + 1 (j even)
+    uint32_t xk32[kMTiles][4];  // mma.sync: the B fragments of k16 steps j and j + 1 (j even), per token tile
 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -471,12 +480,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
         WgmmaCommit();
         fresh_partial = 0;
       } else {
-        if (j % 2 == 0) {
-          ptx::LdMatrixX4(xk32, x_stage + x_lane_offset[j / 2]);
-          if constexpr (kRawCodes) ptx::Mma16816<T>(sums, xk32, kOnesBf16, kOnesBf16);  // ColumnSums
-        }
 #pragma unroll
-        for (int t = 0; t < kTiles; ++t) ptx::Mma16816<T>(part[t], a[t], xk32[(j % 2) * 2], xk32[(j % 2) * 2 + 1]);
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          if (j % 2 == 0) {
+            ptx::LdMatrixX4(xk32[mt], x_stage + mt * 8 * kXRowBytes + x_lane_offset[j / 2]);
+            if constexpr (kRawCodes) ptx::Mma16816<T>(sums[mt], xk32[mt], kOnesBf16, kOnesBf16);  // ColumnSums
+          }
+#pragma unroll
+          for (int t = 0; t < kTiles; ++t) {
+            ptx::Mma16816<T>(TokenTile(part[t], mt), a[t], xk32[mt][(j % 2) * 2], xk32[mt][(j % 2) * 2 + 1]);
+          }
+        }
       }
       const bool partial_ends = j == 3 ? atom_ends_partial : (group32 && j == 1);
       if (partial_ends) {  // promotion: acc += s · Σ x·(q − z), in fp32
@@ -485,8 +499,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
 #pragma unroll
           for (int t = 0; t < kTiles; ++t) FenceOperands(part[t]);
         }
-        float token_sums[2];  // raw codes: Σ x of this lane's tokens 2c, 2c + 1
-        if constexpr (kRawCodes) TokenSums(sums, lane, token_sums);
+        float token_sums[kMTiles][2];  // raw codes: Σ x of this lane's tokens 8 mt + 2c, 8 mt + 2c + 1
+        if constexpr (kRawCodes) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) TokenSums(sums[mt], lane, token_sums[mt]);
+        }
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           const float scales[2] = {ScaleToFloat<T>(row_scales[group_rows + t * kAtomRows]),       // row g
@@ -501,7 +518,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
             const int row = (e / 2) % 2;                   // row g or g + 8
             float exact_part = part[t][e];                 // Σ x·(q − z)
             if constexpr (kRawCodes) {                     // Σ x·(128 + q) − (128 + z)·Σ x, rounded once
-              exact_part = fmaf(offsets[row], token_sums[e % 2], exact_part);
+              exact_part = fmaf(offsets[row], token_sums[e / 4][e % 2], exact_part);
             }
             acc[t][e] = fmaf(scales[row], exact_part, acc[t][e]);
             if constexpr (!kWgmma) part[t][e] = 0.f;
@@ -509,7 +526,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
         }
         if constexpr (kRawCodes) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sums[e] = 0.f;
+          for (int e = 0; e < 4 * kMTiles; ++e) sums[e / 4][e % 4] = 0.f;
         }
         fresh_partial = 1;
       } else if (kWgmma && j == 3) {

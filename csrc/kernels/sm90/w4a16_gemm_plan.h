@@ -8,8 +8,9 @@
 // 64-wide K atom, each part one TMA box: 512 B of prepacked weights per m16 tile, the X tile (one 128-byte
 // row per token, 128-byte swizzle: the wgmma B operand), and the scales and zero points of the atom's
 // groups (two with 32-wide groups) for every row, from their (K/G, N) kernel layout; plus the stage's two
-// mbarriers (full, empty). Fixed: 1 KB of slack to align the base for the swizzle. Up to 8 tokens a warp owns 4 m16 tiles
-// (the X fragments, the loop and the barrier serve twice the weights: measured −9% at 1 x 28672 x 8192);
+// mbarriers (full, empty). Fixed: 1 KB of slack to align the base for the swizzle. Up to 16 tokens (mma.sync) a warp owns 4
+// m16 tiles (the X fragments, the loop and the barrier serve twice the weights: measured −9% at
+// 1 x 28672 x 8192, and at 16 tokens −10% against wgmma with 2 tiles, session 12);
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
 // per SM gets a deeper ring.
@@ -37,10 +38,11 @@ inline constexpr int kMinStages = 4;                     // the ring must hide H
 inline constexpr int kMaxStages = 16;
 inline constexpr int kMTileOptions[] = {1, 2, 4, 8};     // n8 token tiles per CTA the kernel instantiates
 
+inline constexpr int kMaxMmaSyncMTiles = 2;              // mma.sync up to 16 tokens, wgmma beyond
 constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }
-// m16 tiles of W per warp: 4 up to 8 tokens, 2 beyond (with 16 tokens, 4 tiles' accumulators and partials
-// do not fit the 128 registers per thread that two CTAs of 8 warps leave).
-constexpr int TilesPerWarp(int m_tiles) { return m_tiles == 1 ? 4 : 2; }
+// m16 tiles of W per warp: 4 up to 16 tokens, 2 beyond (at 16 tokens 4 tiles' accumulators, partials and
+// column sums take 125-128 registers, bf16 with 4 bytes spilled: all that two CTAs of 8 warps may have).
+constexpr int TilesPerWarp(int m_tiles) { return m_tiles <= kMaxMmaSyncMTiles ? 4 : 2; }
 constexpr int WarpRows(int m_tiles) { return TilesPerWarp(m_tiles) * kAtomRows; }
 
 struct W4a16Plan {
@@ -100,6 +102,12 @@ inline constexpr int kMinAtomsPerSplit = 4;
 // At 64 tokens a split CTA's partials (64 KB for 256 rows) rival its weights, and one CTA sums them:
 // 4096 x 4096 at M = 64 took 16.5-16.7 us in 8 splits, 15.2 in 4 (session 10); fewer splits lost at 32 tokens.
 inline constexpr int kMaxSplitsAt64Tokens = 4;
+// At 16 tokens a split's partials are 64 B per row (two atoms of its weights): more than 8 splits pay only
+// when each streams at least 16 atoms (session 12, 4 tiles per warp: 16 x 8192² took 24.8 us in 16 splits of
+// 8 atoms, 20.1 in 8; 16 x 8192 x 28672 48.7 in 16 splits of 28 atoms, 53.6 in 8; 16 x 4096² 11.6 in 16
+// splits of 4 atoms, 10.5 in 8).
+inline constexpr int kMaxShortSplitsAt16Tokens = 8;
+inline constexpr int kMinAtomsPerManySplitsAt16Tokens = 16;
 inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumulator fragment per lane and tile
 
 struct W4a16Problem {
@@ -148,6 +156,10 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
   int64_t max_splits = std::max<int64_t>(1, atoms / kMinAtomsPerSplit);
   if (8 * plan.m_tiles == kMaxTokensPerBlock) max_splits = std::min<int64_t>(max_splits, kMaxSplitsAt64Tokens);
+  if (8 * plan.m_tiles == 16) {
+    max_splits = std::min<int64_t>(
+        max_splits, std::max<int64_t>(kMaxShortSplitsAt16Tokens, atoms / kMinAtomsPerManySplitsAt16Tokens));
+  }
   int64_t best_cost = INT64_MAX;
   int64_t best_ctas = 0;
   for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
