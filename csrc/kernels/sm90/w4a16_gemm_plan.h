@@ -8,9 +8,9 @@
 // 64-wide K atom, each part one TMA box: 512 B of prepacked weights per m16 tile, the X tile (one 128-byte
 // row per token, 128-byte swizzle: the wgmma B operand), and the scales and zero points of the atom's
 // groups (two with 32-wide groups) for every row, from their (K/G, N) kernel layout; plus the stage's two
-// mbarriers (full, empty). Fixed: 1 KB of slack to align the base for the swizzle. Up to 16 tokens (mma.sync) a warp owns 4
-// m16 tiles (the X fragments, the loop and the barrier serve twice the weights: measured −9% at
-// 1 x 28672 x 8192, and at 16 tokens −10% against wgmma with 2 tiles, session 12);
+// mbarriers (full, empty). Fixed: 1 KB of slack to align the base for the swizzle. Up to 16 tokens
+// (mma.sync) a warp owns 4 m16 tiles (the X fragments, the loop and the barrier serve twice the weights:
+// measured −9% at 1 x 28672 x 8192, and at 16 tokens −10% against wgmma with 2 tiles, session 12);
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
 // per SM gets a deeper ring.
