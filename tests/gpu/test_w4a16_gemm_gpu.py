@@ -3,7 +3,7 @@
 The kernel runs through jax_w4a4.ops.w4a16_gemm under jax.jit with the prepacked weights; the
 reference gets the logical weights and runs as plain XLA (fp32, precision HIGHEST) on the same GPU,
 on the same quantized weights (formats.w4a16.quantize). The kernel promotes fp32 partial sums of
-exact products with fp32 scales (up to 8 bf16 tokens the partials carry a 128·Σx offset that the
+exact products with fp32 scales (up to 16 bf16 tokens the partials carry a 128·Σx offset that the
 promotion subtracts, which costs ~7 bits of the partial's fp32 precision), so it differs from the
 reference by fp32 summation order and the final rounding: the tolerances below are far tighter than a
 wrong scale, zero, group or row would pass.
@@ -146,8 +146,9 @@ def test_rows_not_a_multiple_of_a_warps_tiles(n):
 
 @pytest.mark.parametrize("m", [8, 9, 24, 32])
 def test_every_token_tile(m):
-    """Every token tile the kernel instantiates, at and just past their edges: 8 tokens (mma.sync), 16, 32
-    and 64 (wgmma of that width; 24 and 32 run the 32-token tile, which the decode shapes skip)."""
+    """Every token tile the kernel instantiates, at and just past their edges: 8 and 16 tokens (mma.sync, one
+    and two token tiles; 9 runs the 16-token tile), 32 and 64 (wgmma of that width; 24 and 32 run the
+    32-token tile, which the decode shapes skip)."""
     n, k = 1056, 2048
     for dtype in (BF16, FP16):
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, 128, m % 2 == 0, dtype, False, True)
