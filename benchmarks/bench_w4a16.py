@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from benchmarks import harness
 from jax_w4a4 import ops
-from jax_w4a4.formats import w4a16, w4a16_layout
+from jax_w4a4.formats import w4a16
+from jax_w4a4.weights import W4A16Weights
 
 SHAPES = [(28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096)]
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -42,9 +43,8 @@ def make_weights(key, n, k, *, group_size, zero_point, dtype, act_order):
     if act_order:
         g_idx = (jnp.argsort(jax.random.permutation(jax.random.fold_in(key, 1), k)) // group_size).astype(jnp.int32)
     q = w4a16.quantize(w, group_size=group_size, zero_point=zero_point, scale_dtype=dtype, g_idx=g_idx)
-    packed = w4a16_layout.prepack(q.qweight, g_idx=g_idx, group_size=group_size)
-    zeros = None if q.zeros is None else w4a16_layout.prepack_scales(q.zeros)
-    return packed, w4a16_layout.prepack_scales(q.scales), zeros, g_idx
+    weights = W4A16Weights.from_logical(q.qweight, q.scales, q.zeros, g_idx=g_idx, group_size=group_size)
+    return weights.qweight, weights.scales, weights.zeros, g_idx
 
 
 def weight_sets(n, k, *, group_size=GROUP, zero_point=False, dtype=jnp.bfloat16, act_order=False):

@@ -9,6 +9,7 @@ the profiled launch is a steady-state one (pass `--launch-skip` per kernel to nc
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import jax
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_w4a4 import ops
-from jax_w4a4.formats import svdq, svdq_layout, w4a16, w4a16_layout
+from jax_w4a4.formats import svdq, svdq_layout, w4a16
+from jax_w4a4.weights import W4A16Weights
 
 RANK = 32
 
@@ -50,10 +52,9 @@ def _w4a16(m: int, n: int, k: int):
     key = jax.random.key(m + n + k)
     q = jax.jit(w4a16.quantize, static_argnames=("group_size", "zero_point", "scale_dtype"))(
         jax.random.normal(key, (n, k)), group_size=128, zero_point=False, scale_dtype=jnp.bfloat16)
-    packed = jax.jit(w4a16_layout.prepack)(q.qweight)
+    weights = jax.jit(functools.partial(W4A16Weights.from_logical, group_size=128))(q.qweight, q.scales)
     x = jax.random.normal(jax.random.fold_in(key, 1), (m, k), jnp.bfloat16)
-    scales, zeros = w4a16_layout.prepack_scales(q.scales), None if q.zeros is None else w4a16_layout.prepack_scales(q.zeros)
-    gemm = jax.jit(lambda x: ops.w4a16_gemm(x, packed, scales, zeros, group_size=128))
+    gemm = jax.jit(lambda x: ops.w4a16_gemm(x, weights.qweight, weights.scales, group_size=128))
     return lambda: gemm(x)
 
 

@@ -126,6 +126,28 @@ class W4A16Weights:
     bias: jax.Array | None = None
     group_size: int = dataclasses.field(default=128, metadata=dict(static=True))
 
+    @classmethod
+    def from_logical(
+        cls,
+        qweight: jax.Array,
+        scales: jax.Array,
+        zeros: jax.Array | None = None,
+        *,
+        g_idx: jax.Array | None = None,
+        bias: jax.Array | None = None,
+        group_size: int,
+    ) -> W4A16Weights:
+        """Weights from the logical layouts of :mod:`jax_w4a4.formats.w4a16` (uint8 ``(N, K/2)`` codes,
+        ``(N, K/G)`` scales and zero points), prepacked into the kernel's; ``group_size`` is G (K per channel)."""
+        return cls(
+            qweight=w4a16_layout.prepack(qweight, g_idx=g_idx, group_size=group_size),
+            scales=w4a16_layout.prepack_scales(scales),
+            zeros=None if zeros is None else w4a16_layout.prepack_scales(zeros),
+            g_idx=g_idx,
+            bias=bias,
+            group_size=group_size,
+        )
+
     @property
     def in_features(self) -> int:
         return self.group_size * self.scales.shape[0]
@@ -273,10 +295,8 @@ def quantize_linear(
     w = w.astype(jnp.float32)
     if mode == "w4a16":
         q = w4a16.quantize(w, group_size=group_size, zero_point=zero_point, scale_dtype=dtype, g_idx=g_idx)
-        return W4A16Weights(
-            qweight=w4a16_layout.prepack(q.qweight, g_idx=g_idx, group_size=group_size),
-            scales=w4a16_layout.prepack_scales(q.scales),
-            zeros=None if q.zeros is None else w4a16_layout.prepack_scales(q.zeros),
+        return W4A16Weights.from_logical(
+            q.qweight, q.scales, q.zeros,
             g_idx=None if g_idx is None else g_idx.astype(jnp.int32),
             bias=bias,
             group_size=k if group_size == -1 else group_size,

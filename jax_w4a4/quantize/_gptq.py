@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_w4a4.formats import svdq, w4a16, w4a16_layout
+from jax_w4a4.formats import svdq, w4a16
 from jax_w4a4.formats.int4 import pack_int4, quantize_int4_groups, round_to_grid
 from jax_w4a4.ops import checks
 from jax_w4a4.quantize.calibration import Calibration, as_calibration
@@ -293,10 +293,8 @@ def gptq(
         act_order=act_order, block_size=block_size, damp=damp,
     )
     qweight = pack_int4(result.q)
-    return W4A16Weights(
-        qweight=w4a16_layout.prepack(qweight, g_idx=result.g_idx, group_size=g),
-        scales=w4a16_layout.prepack_scales(result.scales),
-        zeros=None if result.zeros is None else w4a16_layout.prepack_scales(result.zeros),
+    return W4A16Weights.from_logical(
+        qweight, result.scales, result.zeros,
         g_idx=result.g_idx,
         bias=None if bias is None else bias.astype(dtype),
         group_size=g,
