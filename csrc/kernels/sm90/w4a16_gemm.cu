@@ -80,7 +80,8 @@
 // scheduler of 3.6 active, 7.1 cycles per issued instruction: latency-bound (the dequantization chain
 // and the stage waits), not issue-bound. With the ring's waits removed (a timing probe, session 12) the
 // arithmetic alone takes 31.2 us, about as long as the stream: the kernel pays wherever either waits
-// for the other. 16 tokens: 49.4 us (session 12).
+// for the other. 16 tokens: 49.4 us (session 12); with the zero points a template parameter 37.3-37.7 and
+// 46.6 us (session 13).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -153,7 +154,6 @@ struct KernelParams {
   int m, n, k;
   int group_shift;           // log2(group_size), or kPerChannelShift: groups are powers of two or all of K
   int atoms;                 // k / 64
-  bool zero_points;          // zeros given (AWQ); else symmetric, z = 8
   int warps, n_tiles, splits;
 };
 
@@ -306,7 +306,10 @@ __device__ __forceinline__ int GroupOfAtom(int atom, int group_shift) {
 
 // ---------------------------------------------------------------------------------------- the GEMM
 
-template <typename T, int kMTiles>
+// kZeroPoints: zero points given (AWQ); else symmetric, z = 8. A template parameter, not a runtime flag: a
+// symmetric kernel's promotions carry no zero-point loads and conversions (a third of a raw-code promotion's
+// instructions). Session 13, same process: 1 x 28672 x 8192 39.1 -> 37.3-37.7 us, 16 tokens 49.4 -> 46.6.
+template <typename T, int kMTiles, bool kZeroPoints>
 __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     W4a16GemmKernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x,
                     const __grid_constant__ CUtensorMap tm_scales, const __grid_constant__ CUtensorMap tm_zeros,
@@ -364,7 +367,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   const bool producer = tid == (launched_warps - 1) * 32;
   const int groups_per_atom = group32 ? 2 : 1;
   const uint32_t stage_tx_bytes = p.warps * kTiles * kAtomBytes + Cfg::kStageXBytes +
-                                  groups_per_atom * block_rows * (kScaleBytes + (p.zero_points ? kZeroBytes : 0));
+                                  groups_per_atom * block_rows * (kScaleBytes + (kZeroPoints ? kZeroBytes : 0));
   const uint64_t evict_first = ptx::L2EvictFirstPolicy();
   auto issue_stage = [&](int i, int slot) {
     const int atom = atom_begin + i;
@@ -376,7 +379,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
                        n0 / kAtomRows, evict_first);
     tma::TmaLoad2d(tm_x, x_ring + slot * Cfg::kStageXBytes, full, atom * kAtomCols, m0);
     tma::TmaLoad2d(tm_scales, scale_stage, full, n0 / 2, group);
-    if (p.zero_points) tma::TmaLoad2d(tm_zeros, scale_stage + Cfg::kStageZerosOffset, full, n0 / 4, group);
+    if (kZeroPoints) tma::TmaLoad2d(tm_zeros, scale_stage + Cfg::kStageZerosOffset, full, n0 / 4, group);
   };
 
   if (tid == 0) {
@@ -390,7 +393,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     tma::TmaPrefetch(tm_w);
     tma::TmaPrefetch(tm_x);
     tma::TmaPrefetch(tm_scales);
-    if (p.zero_points) tma::TmaPrefetch(tm_zeros);
+    if (kZeroPoints) tma::TmaPrefetch(tm_zeros);
   }
   __syncthreads();  // the barriers are initialized
   if (producer) {
@@ -455,7 +458,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     for (int j = 0; j < 4; ++j) {
       // Group j / 2 of the atom (32-wide groups) or its only group: its rows in the scale stage.
       const int group_rows = group32 && j >= 2 ? block_rows : 0;
-      auto zero_of = [&](int row) -> uint32_t { return p.zero_points ? row_zeros[group_rows + row] : 8u; };
+      auto zero_of = [&](int row) -> uint32_t { return kZeroPoints ? row_zeros[group_rows + row] : 8u; };
       if (!kRawCodes && ((j == 0 && atom_starts_group) || (group32 && j == 2))) {  // a group starts
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
@@ -650,7 +653,7 @@ template <typename T, int kMTiles>
 cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, const void* x, const GemmArgs& args,
                         cudaStream_t stream) {
   using Cfg = Config<kMTiles>;
-  auto* kernel = &W4a16GemmKernel<T, kMTiles>;
+  auto* kernel = args.zeros != nullptr ? &W4a16GemmKernel<T, kMTiles, true> : &W4a16GemmKernel<T, kMTiles, false>;
   constexpr int kSmem = Cfg::kSmemBytes;
   const uint64_t m = params.m, n = params.n, k = params.k, row_blocks = n / kAtomRows;
   const uint64_t groups = k / args.group_size;
@@ -703,7 +706,6 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
   if (plan.splits > 1) {
     params.partials = reinterpret_cast<float4*>(base + ws.partials);
   }
-  params.zero_points = args.zeros != nullptr;
   params.bias = args.bias;
   params.y = args.y;
   params.m = static_cast<int>(args.m);
