@@ -9,7 +9,10 @@ act-order, fp16) on the largest shape.
 
 Timing: benchmarks/harness.py — one jit of R chained calls cycling through several weight sets (at
 least 3, and more than L2 holds in total), timed on the GPU by the device clock, median over trials;
-torch peers with CUDA events, cycling through their own sets the same way.
+torch peers with CUDA events, cycling through their own sets the same way. Each call of a chain gets its
+own activation copy as its first input (the one the harness passes through the barrier), as in
+bench_w4a4: with one activation closed over as a constant, XLA merged or deduplicated the 1-token
+jnp.dot calls (Triton GEMV fusions), so that column read 470 MB in 42 µs (session 12).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ SHAPES = [(28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096)]
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
 GROUP = 128
 MIN_SETS = 3
+CALLS = 10  # calls per timed chain, each with its own activation copy
 
 
 def weight_bytes(n: int, k: int, group_size: int, zero_point: bool) -> int:
@@ -59,10 +63,16 @@ def weight_sets(n, k, *, group_size=GROUP, zero_point=False, dtype=jnp.bfloat16,
     ]
 
 
+def chained(m, k, dtype, weight_sets):
+    """CALLS input sets (x, *weights): a fresh activation per call, the weight sets cycled."""
+    key = jax.random.key(m)
+    xs = [jax.random.normal(jax.random.fold_in(key, i), (m, k), jnp.float32).astype(dtype) for i in range(CALLS)]
+    return [(x, *weight_sets[i % len(weight_sets)]) for i, x in enumerate(xs)]
+
+
 def time_ours(m, k, sets, group_size, dtype):
-    x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32).astype(dtype)
     fn = functools.partial(ops.w4a16_gemm, group_size=group_size)
-    return harness.time_jax(lambda packed, s, z, g: fn(x, packed, s, z, g), sets, calls=10, trials=5)
+    return harness.time_jax(fn, chained(m, k, dtype, sets), calls=CALLS, trials=5)
 
 
 def time_jnp_dot(m, n, k, cache):
@@ -73,9 +83,8 @@ def time_jnp_dot(m, n, k, cache):
             (jax.random.normal(jax.random.fold_in(key, i), (n, k), jnp.float32).astype(jnp.bfloat16),)
             for i in range(count)
         ]
-    x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32).astype(jnp.bfloat16)
-    dot = lambda w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16)
-    return harness.time_jax(dot, cache[(n, k)], calls=10, trials=5)
+    dot = lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16)
+    return harness.time_jax(dot, chained(m, k, jnp.bfloat16, cache[(n, k)]), calls=CALLS, trials=5)
 
 
 class TorchPeers:
