@@ -84,6 +84,14 @@ inline EncodeTiledFn GetEncodeTiled() {
   return fn;
 }
 
+// Bytes of a box in shared memory (and on its mbarrier's transaction count).
+template <int kRank>
+constexpr uint32_t BoxBytes(const uint32_t (&box)[kRank], uint32_t element_bytes) {
+  uint32_t bytes = element_bytes;
+  for (int i = 0; i < kRank; ++i) bytes *= box[i];
+  return bytes;
+}
+
 // A row-major tensor: dims innermost first, strides (bytes) of dims 1.., box innermost first.
 // Out-of-bounds elements of a box read as zero.
 template <int kRank>

@@ -155,6 +155,7 @@ struct KernelParams {
   int group_shift;           // log2(group_size), or kPerChannelShift: groups are powers of two or all of K
   int atoms;                 // k / 64
   int warps, n_tiles, splits;
+  uint32_t stage_tx_bytes;   // the bytes of a stage's boxes, from the boxes LaunchTyped encodes
 };
 
 // --------------------------------------------------------------------------------------- PTX helpers
@@ -365,16 +366,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   // past M arrive as zeros, so their MMA columns stay finite), and the scales (and zero points) of the
   // atom's groups for the CTA's rows (a 128-wide group's are loaded by both of its atoms: L2 hits).
   const bool producer = tid == (launched_warps - 1) * 32;
-  const int groups_per_atom = group32 ? 2 : 1;
-  const uint32_t stage_tx_bytes = p.warps * kTiles * kAtomBytes + Cfg::kStageXBytes +
-                                  groups_per_atom * block_rows * (kScaleBytes + (kZeroPoints ? kZeroBytes : 0));
   const uint64_t evict_first = ptx::L2EvictFirstPolicy();
   auto issue_stage = [&](int i, int slot) {
     const int atom = atom_begin + i;
     const uint32_t full = full_barrier(slot);
     const uint32_t scale_stage = smem_base + Cfg::kScaleRingOffset + slot * Cfg::kStageScaleBytes;
     const int group = GroupOfAtom(atom, p.group_shift);
-    tma::MbarArriveExpectTx(full, stage_tx_bytes);
+    tma::MbarArriveExpectTx(full, p.stage_tx_bytes);
     tma::TmaLoad2dHint(tm_w, weight_ring + slot * Cfg::kStageWeightBytes, full, atom * (kAtomBytes / 8),
                        n0 / kAtomRows, evict_first);
     tma::TmaLoad2d(tm_x, x_ring + slot * Cfg::kStageXBytes, full, atom * kAtomCols, m0);
@@ -650,7 +648,7 @@ int Log2(int64_t power_of_two) {
 
 // x: the activations or their act-order gather (m, k); the weights, scales and zeros in their kernel layouts.
 template <typename T, int kMTiles>
-cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, const void* x, const GemmArgs& args,
+cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void* x, const GemmArgs& args,
                         cudaStream_t stream) {
   using Cfg = Config<kMTiles>;
   auto* kernel = args.zeros != nullptr ? &W4a16GemmKernel<T, kMTiles, true> : &W4a16GemmKernel<T, kMTiles, false>;
@@ -660,18 +658,33 @@ cudaError_t LaunchTyped(const KernelParams& params, const W4a16Launch& plan, con
   const uint64_t row_block_words = uint64_t(params.atoms) * kAtomBytes / 8;  // row block nb at nb x atoms x 512 B
   const uint32_t block_rows = plan.warps * Cfg::kWarpRows;
   const uint32_t groups_per_atom = args.group_size == 32 ? 2 : 1;
+  // A stage's boxes (in their maps' elements: u64, u16, u32, u32). Their bytes are what a stage's full barrier
+  // expects, and each must fit its slot of the stage (a short count would hang the ring, a long box overwrite
+  // the next slot).
+  const uint32_t weight_box[2] = {kAtomBytes / 8, block_rows / kAtomRows};
+  const uint32_t x_box[2] = {kAtomCols, Cfg::kBlockM};
+  const uint32_t scale_box[2] = {block_rows / 2, groups_per_atom};
+  const uint32_t zero_box[2] = {block_rows / 4, groups_per_atom};
+  const uint32_t weight_bytes = tma::BoxBytes(weight_box, 8), x_bytes = tma::BoxBytes(x_box, 2);
+  const uint32_t scale_bytes = tma::BoxBytes(scale_box, 4);
+  const uint32_t zero_bytes = args.zeros != nullptr ? tma::BoxBytes(zero_box, 4) : 0;
+  if (weight_bytes > Cfg::kStageWeightBytes || x_bytes > Cfg::kStageXBytes || scale_bytes > Cfg::kStageZerosOffset ||
+      zero_bytes > Cfg::kStageScaleBytes - Cfg::kStageZerosOffset) {
+    return cudaErrorInvalidValue;
+  }
+  params.stage_tx_bytes = weight_bytes + x_bytes + scale_bytes + zero_bytes;
   CUtensorMap tm_w{}, tm_x{}, tm_scales{}, tm_zeros{};
   const auto none = CU_TENSOR_MAP_SWIZZLE_NONE;
   bool encoded =
       tma::EncodeTiled<2>(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT64, args.qweight, {row_block_words, row_blocks},
-                          {row_block_words * 8}, {kAtomBytes / 8, block_rows / kAtomRows}, none) &&
-      tma::EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {k, m}, {k * sizeof(T)},
-                          {uint32_t(kAtomCols), uint32_t(Cfg::kBlockM)}, CU_TENSOR_MAP_SWIZZLE_128B) &&
+                          {row_block_words * 8}, weight_box, none) &&
+      tma::EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {k, m}, {k * sizeof(T)}, x_box,
+                          CU_TENSOR_MAP_SWIZZLE_128B) &&
       tma::EncodeTiled<2>(&tm_scales, CU_TENSOR_MAP_DATA_TYPE_UINT32, args.scales, {n / 2, groups}, {n * kScaleBytes},
-                          {block_rows / 2, groups_per_atom}, none);
+                          scale_box, none);
   if (args.zeros != nullptr) {
     encoded = encoded && tma::EncodeTiled<2>(&tm_zeros, CU_TENSOR_MAP_DATA_TYPE_UINT32, args.zeros, {n / 4, groups},
-                                             {n * kZeroBytes}, {block_rows / 4, groups_per_atom}, none);
+                                             {n * kZeroBytes}, zero_box, none);
   }
   if (!encoded) return cudaErrorInvalidValue;
   // Per call, not once per process: the attribute belongs to the current device's context.
