@@ -270,17 +270,18 @@ def test_w4a16_workspace_follows_the_launch_plan():
     assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=True, num_sms=132) == partials + gather
     # More SMs, more splits, more partials; shapes the kernel does not serve: -1.
     assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=264) > partials
-    # 4096 x 4096 at one token: every split CTA keeps >= 4 of the 64 atoms (kMinAtomsPerSplit), so 16 splits
-    # of 16 column tiles of 4 warps x 4 m16 tiles (8 warps: 8 tiles x 33 splits of 2 atoms, a slow tail).
-    assert budget.w4a16_workspace_bytes(1, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 16 * 16 * 4 * 4 * 32
+    # 4096 x 4096 at one token: 64 atoms, so at most 8 splits (kMaxShortSplits: fewer than 16 atoms each):
+    # 16 column tiles of 4 warps x 4 m16 tiles in 8 splits.
+    assert budget.w4a16_workspace_bytes(1, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 16 * 8 * 4 * 4 * 32
     # 4096 x 4096 at 64 tokens: at most 4 splits (kMaxSplitsAt64Tokens: their 64 KB partials are summed by one
     # CTA), so 32 column tiles of 4 warps x 2 m16 tiles x 8 token tiles -> 128 CTAs.
     assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32
-    # 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplitsAt16Tokens). 8192² (128
-    # atoms): 32 column tiles of 4 warps x 4 m16 tiles x 2 token tiles in 8 splits, not 16 tiles of 8 warps in
-    # 16; 8192 x 28672 (448 atoms): 16 tiles of 8 warps in 16 splits of 28 atoms.
-    assert budget.w4a16_workspace_bytes(16, 8192, 8192, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * 2 * 32
-    assert budget.w4a16_workspace_bytes(16, 8192, 28672, 128, act_order=False, num_sms=132) == 16 * 16 * 16 * 8 * 4 * 2 * 32
+    # Up to 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplits). 8192² (128
+    # atoms): 32 column tiles of 4 warps x 4 m16 tiles in 8 splits, not 16 tiles of 8 warps in 16;
+    # 8192 x 28672 (448 atoms): 16 tiles of 8 warps in 16 splits of 28 atoms.
+    for m, m_tiles in ((1, 1), (16, 2)):
+        assert budget.w4a16_workspace_bytes(m, 8192, 8192, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * m_tiles * 32
+        assert budget.w4a16_workspace_bytes(m, 8192, 28672, 128, act_order=False, num_sms=132) == 16 * 16 * 16 * 8 * 4 * m_tiles * 32
     assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32
     assert budget.w4a16_workspace_bytes(0, 28672, 8192, 128, act_order=False, num_sms=132) == -1
 

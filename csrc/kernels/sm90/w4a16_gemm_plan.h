@@ -102,12 +102,14 @@ inline constexpr int kMinAtomsPerSplit = 4;
 // At 64 tokens a split CTA's partials (64 KB for 256 rows) rival its weights, and one CTA sums them:
 // 4096 x 4096 at M = 64 took 16.5-16.7 us in 8 splits, 15.2 in 4 (session 10); fewer splits lost at 32 tokens.
 inline constexpr int kMaxSplitsAt64Tokens = 4;
-// At 16 tokens a split's partials are 64 B per row (two atoms of its weights): more than 8 splits pay only
-// when each streams at least 16 atoms (session 12, 4 tiles per warp: 16 x 8192² took 24.8 us in 16 splits of
-// 8 atoms, 20.1 in 8; 16 x 8192 x 28672 48.7 in 16 splits of 28 atoms, 53.6 in 8; 16 x 4096² 11.6 in 16
-// splits of 4 atoms, 10.5 in 8).
-inline constexpr int kMaxShortSplitsAt16Tokens = 8;
-inline constexpr int kMinAtomsPerManySplitsAt16Tokens = 16;
+// Up to 16 tokens (the mma.sync tiles, 512-row CTAs) more than 8 splits pay only when each streams at least
+// 16 atoms: a tile's last CTA waits for all its splits, and short splits leave the SMs idle between their
+// ramp and the tile's reduction. Session 12, 16 tokens: 16 x 8192² took 24.8 us in 16 splits of 8 atoms,
+// 20.1 in 8; 16 x 8192 x 28672 48.7 in 16 splits of 28 atoms, 53.6 in 8; 16 x 4096² 11.6 in 16 splits of 4
+// atoms, 10.5 in 8. Session 13, up to 8 tokens: 1 x 8192² 16.2-16.4 -> 14.7-14.8 us, 8 x 8192² 17.6-17.9 ->
+// 15.2-15.4 (4-warp CTAs in 8 splits of 16 atoms; in 16 splits of 8, ncu: SMs active 68% of the kernel).
+inline constexpr int kMaxShortSplits = 8;
+inline constexpr int kMinAtomsPerManySplits = 16;
 inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumulator fragment per lane and tile
 
 struct W4a16Problem {
@@ -156,9 +158,8 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
   int64_t max_splits = std::max<int64_t>(1, atoms / kMinAtomsPerSplit);
   if (8 * plan.m_tiles == kMaxTokensPerBlock) max_splits = std::min<int64_t>(max_splits, kMaxSplitsAt64Tokens);
-  if (8 * plan.m_tiles == 16) {
-    max_splits = std::min<int64_t>(
-        max_splits, std::max<int64_t>(kMaxShortSplitsAt16Tokens, atoms / kMinAtomsPerManySplitsAt16Tokens));
+  if (plan.m_tiles <= kMaxMmaSyncMTiles) {
+    max_splits = std::min<int64_t>(max_splits, std::max<int64_t>(kMaxShortSplits, atoms / kMinAtomsPerManySplits));
   }
   int64_t best_cost = INT64_MAX;
   int64_t best_ctas = 0;
