@@ -280,8 +280,10 @@ def test_w4a16_workspace_follows_the_launch_plan():
     # atoms): 32 column tiles of 4 warps x 4 m16 tiles in 8 splits, not 16 tiles of 8 warps in 16;
     # 8192 x 28672 (448 atoms): 16 tiles of 8 warps in 16 splits of 28 atoms.
     for m, m_tiles in ((1, 1), (16, 2)):
-        assert budget.w4a16_workspace_bytes(m, 8192, 8192, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * m_tiles * 32
-        assert budget.w4a16_workspace_bytes(m, 8192, 28672, 128, act_order=False, num_sms=132) == 16 * 16 * 16 * 8 * 4 * m_tiles * 32
+        square = budget.w4a16_workspace_bytes(m, 8192, 8192, 128, act_order=False, num_sms=132)
+        assert square == 16 * 32 * 8 * 4 * 4 * m_tiles * 32
+        long_k = budget.w4a16_workspace_bytes(m, 8192, 28672, 128, act_order=False, num_sms=132)
+        assert long_k == 16 * 16 * 16 * 8 * 4 * m_tiles * 32
     assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32
     assert budget.w4a16_workspace_bytes(0, 28672, 8192, 128, act_order=False, num_sms=132) == -1
 
