@@ -44,7 +44,10 @@ def time_jax(fn: Callable, input_sets: Sequence[tuple], *, calls: int = 20, tria
     Each call's first input passes through an ``optimization_barrier`` together with the previous call's
     output, so the calls run one after another and XLA can neither merge them (its dot merger fuses
     independent dots that share a weight into one GEMM, which would read the weight once for all calls)
-    nor drop or hoist them. No loop: a loop's per-iteration control flow would add host round trips.
+    nor drop or hoist them. Give every call its own first input (an activation copy per call, as
+    bench_w4a4 and bench_w4a16 do): with the weights first and one activation closed over as a constant,
+    XLA still merged or deduplicated 1-token jnp.dot calls (Triton GEMV fusions, session 13). No loop: a
+    loop's per-iteration control flow would add host round trips.
     """
     if _library.register_tool_target(DEVICE_CLOCK):
         return _time_on_device(fn, input_sets, calls=calls, trials=trials)
