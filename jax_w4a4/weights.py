@@ -148,6 +148,14 @@ class W4A16Weights:
             group_size=group_size,
         )
 
+    def dequantize(self) -> jax.Array:
+        """The weight ``Ŵ = (q − z)·s`` in fp32 ``(N, K)``, read back from the kernel layouts (exact)."""
+        logical = w4a16_layout.unprepack(self.qweight, self.out_features, self.in_features)
+        zeros = None if self.zeros is None else w4a16_layout.unprepack_scales(self.zeros)
+        return w4a16.dequantize(
+            logical, w4a16_layout.unprepack_scales(self.scales), zeros, group_size=self.group_size, g_idx=self.g_idx
+        )
+
     @property
     def in_features(self) -> int:
         return self.group_size * self.scales.shape[0]

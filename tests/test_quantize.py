@@ -10,7 +10,7 @@ import pytest
 
 import jax_w4a4
 from jax_w4a4 import quantize as q
-from jax_w4a4.formats import svdq, svdq_layout, w4a16, w4a16_layout
+from jax_w4a4.formats import svdq, svdq_layout
 
 N, K, T = 64, 256, 512
 
@@ -74,13 +74,6 @@ def _numpy_gptq_w4a16(w, h, group, damp=0.01):
 def _proxy_loss(w, w_hat, h):
     d = np.asarray(w, np.float64) - np.asarray(w_hat, np.float64)
     return float(np.trace(d @ np.asarray(h, np.float64) @ d.T))
-
-
-def _w4a16_dequantized(weights, k=K):
-    logical = w4a16_layout.unprepack(weights.qweight, weights.out_features, k)
-    zeros = None if weights.zeros is None else w4a16_layout.unprepack_scales(weights.zeros)
-    return np.asarray(w4a16.dequantize(logical, w4a16_layout.unprepack_scales(weights.scales), zeros,
-                                       group_size=weights.group_size, g_idx=weights.g_idx))
 
 
 # ---------------------------------------------------------------------------------------- GPTQ
@@ -168,7 +161,7 @@ def test_gptq_act_order_is_gptq_on_the_permuted_problem(rng):
     # The packaged weights: act-order g_idx survives the kernel layout and the layer computes the same.
     weights = q.gptq(jnp.asarray(w), calib, group_size=64, act_order=True)
     np.testing.assert_array_equal(weights.g_idx, ordered.g_idx)
-    w_hat = _w4a16_dequantized(weights)
+    w_hat = np.asarray(weights.dequantize())
     w_hat_perm = (np.asarray(permuted.q, np.float64) - 8) * np.repeat(np.asarray(permuted.scales, np.float64), 64, 1)
     np.testing.assert_array_equal(w_hat[:, perm], w_hat_perm)
 
