@@ -83,9 +83,12 @@
 //   4 bytes are the cp.async'ed scale word and whose rest was zeroed at kernel start; 16-bit products are
 //   exact in fp32), so the promotion is acc = fma(part, product, acc): one FFMA per element, no scale loads
 //   or decodes (measured 2.11 -> 1.85 ms at 8192^3, instructions -30%). The tensor cores do 1.5x the work.
-//   One set of products fits the registers (a second serializes the wgmmas, even at 240 registers), so a
-//   unit's products are issued after the previous unit is promoted: part(u), wait(1), promote(u - 1),
-//   products(u). The consumers fence the async proxy after each full barrier (cp.async wrote the scales).
+//   The 32- and 64-token tiles keep one product set per partial set and issue a unit's products with its
+//   partial: part(u) + products(u), wait(1), promote(u - 1) (session 14: 64 x 28672 x 8192 81.4 -> 80.2 us).
+//   The 128-token tile has registers for one set only (a second serializes its wgmmas, C7512, even at 240
+//   registers), so its products are issued after the previous unit is promoted: part(u), wait(1),
+//   promote(u - 1), products(u). The consumers fence the async proxy after each full barrier (cp.async wrote
+//   the scales).
 // After the K loop: acc *= α (α scales the main product only; decode: α·2^9, exact); the low-rank up
 // projection runs as wgmma m64nNk16 bf16/fp16 (A = L_upᵀ chunk from shared memory, MN-major; B = the
 // converted LA chunk) into the same fp32 accumulators, every k-step of the chunk (ranks past `rank` are
@@ -989,7 +992,11 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   // The scale-product path (W4A4ScaleProductMma, 16-bit activation scales): s_w[n]·s_x[m] per unit from a wgmma.
   constexpr bool kScaleMma = kUsesScaleProducts<C, kFp8Act>;
   static_assert(!kScaleMma || kSliceN >= 32, "the scale wgmma is instantiated for n32 and n64 slices");
-  [[maybe_unused]] float scale_products[kSliceN / 2];
+  // Scale-product sets: one per partial set up to 64 tokens, so that a unit's products are issued with its partial
+  // and the previous unit's promotion waits on neither; the 128-token tile has one (a second would make ptxas
+  // serialize its wgmmas, C7512), issued after the previous unit's promotion has read it.
+  constexpr int kProductSets = C::kTileM < 128 ? kPartSets : 1;
+  [[maybe_unused]] float scale_products[kProductSets][kSliceN / 2];
   PipeState<C::kStages> state;
   PipeState<C::kLoraStages> lora_state;
   const uint32_t staging = smem + L::kStaging + wg * (C::kTileM * 128);
@@ -1005,6 +1012,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     constexpr int kUnitsPerStage = kSlices * 2;
     constexpr int kUnits = kU * kUnitsPerStage;
     constexpr int kSets = kUnits < kPartSets ? kUnits : kPartSets;
+    constexpr int kProducts = kProductSets > 1 ? kSets : 1;  // the step's product sets: unit u uses u % kProducts
     int stage[kU] = {};
     uint32_t a[kU][2][8];
     uint32_t act_scales[kU];
@@ -1020,8 +1028,8 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       [[maybe_unused]] const int gi = u % 2;
       FenceOperands(part[u % kSets]);
       if constexpr (kScaleMma) {
-        FenceOperands(scale_products);
-        PromoteScaled<kSliceN>(acc[sl], part[u % kSets], scale_products);
+        FenceOperands(scale_products[u % kProducts]);
+        PromoteScaled<kSliceN>(acc[sl], part[u % kSets], scale_products[u % kProducts]);
       } else {
         Promote<C, OutT, kFp8Act>(acc[sl], part[u % kSets], act_scale_words[j][sl], gi, sw[j][gi]);
       }
@@ -1072,6 +1080,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         // Unit (sl, gi): tokens [sl kSliceN, +kSliceN), k [64 gi, 64 gi + 64) of the stage.
         const uint32_t offset = sl * kSliceN * C::kTileK + 64 * gi;
         FenceOperands(part[u % kSets]);
+        if constexpr (kScaleMma && kProducts > 1) FenceOperands(scale_products[u % kProducts]);
         WgmmaFence();
         // Offset weights: each k-step's correction (- 8·2^-9 Σ_k x) right after it, so that the running
         // partial never holds the uncorrected sum of both k-steps (smaller magnitudes, smaller rounding).
@@ -1081,22 +1090,27 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
           Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4 * kk, desc_b, kk);
           if constexpr (C::kOffsetWeights) Wgmma<kSliceN>::E4m3Smem(part[u % kSets], desc_correction, desc_b);
         }
+        // Unit u's scale products: K-major, no swizzle: 8-token core matrices 128 B apart; the k = 8..15 core
+        // matrix is read from the same rows (leading offset 0) and multiplied by the zeros of sw_frag.
+        const auto issue_products = [&] {
+          const uint32_t rows = act_scales[j] + sl * kSliceN * C::kActScalePitch;
+          Wgmma<kSliceN>::template Half<kBf16>(scale_products[u % kProducts], sw_frag[j][gi],
+                                               MakeSmemDesc(rows, 0, 8 * C::kActScalePitch, kSwizzleNone), /*scale_d=*/0);
+        };
+        if constexpr (kScaleMma && kProducts > 1) issue_products();  // with the partial, in its commit group
         WgmmaCommit();
         if constexpr (kScaleMma) {
-          // One set of scale products (the registers of a second would serialize the wgmmas): unit u - 1 is
-          // promoted while unit u's partial runs, then unit u's products are issued into the freed set.
+          // Unit u - 1 is promoted while unit u's wgmmas run.
           if (u >= 1) {
             WgmmaWaitPending(1);
             promote_unit(u - 1);
           }
-          // K-major, no swizzle: 8-token core matrices 128 B apart; the k = 8..15 core matrix is read from the same
-          // rows (leading offset 0) and multiplied by the zeros of sw_frag.
-          FenceOperands(scale_products);
-          WgmmaFence();
-          const uint32_t rows = act_scales[j] + sl * kSliceN * C::kActScalePitch;
-          Wgmma<kSliceN>::template Half<kBf16>(scale_products, sw_frag[j][gi],
-                                               MakeSmemDesc(rows, 0, 8 * C::kActScalePitch, kSwizzleNone), /*scale_d=*/0);
-          WgmmaCommit();
+          if constexpr (kProducts == 1) {  // into the set the promotion above has read
+            FenceOperands(scale_products[0]);
+            WgmmaFence();
+            issue_products();
+            WgmmaCommit();
+          }
         }
       }
     }
