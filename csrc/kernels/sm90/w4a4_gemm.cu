@@ -83,17 +83,18 @@
 //   4 bytes are the cp.async'ed scale word and whose rest was zeroed at kernel start; 16-bit products are
 //   exact in fp32), so the promotion is acc = fma(part, product, acc): one FFMA per element, no scale loads
 //   or decodes (measured 2.11 -> 1.85 ms at 8192^3, instructions -30%). The tensor cores do 1.5x the work.
-//   The 32- and 64-token tiles keep one product set per partial set and issue a unit's products with its
-//   partial: part(u) + products(u), wait(1), promote(u - 1) (session 14: 64 x 28672 x 8192 81.4 -> 80.2 us).
-//   The 128-token tile has registers for one set only (a second serializes its wgmmas, C7512, even at 240
-//   registers), so its products are issued after the previous unit is promoted: part(u), wait(1),
-//   promote(u - 1), products(u). The consumers fence the async proxy after each full barrier (cp.async wrote
-//   the scales).
+//   One product set per partial set: a unit's products are issued with its partial, part(u) + products(u),
+//   wait(1), promote(u - 1) (session 14: 8192^3 1.78 -> 1.72 ms, 64 x 28672 x 8192 81.4 -> 80.2 us; with one
+//   set, issued after the previous promotion had read it, the products' latency was on every unit's chain).
+//   The registers of the 128-token tile's second set come from acc not being a wgmma operand (the low-rank
+//   wgmmas run into a partial set, which is then added, below). The consumers fence the async proxy after
+//   each full barrier (cp.async wrote the scales).
 // After the K loop: acc *= α (α scales the main product only; decode: α·2^9, exact); the low-rank up
 // projection runs as wgmma m64nNk16 bf16/fp16 (A = L_upᵀ chunk from shared memory, MN-major; B = the
-// converted LA chunk) into the same fp32 accumulators, every k-step of the chunk (ranks past `rank` are
-// zero-filled in both operands; a runtime trip count puts descriptor arithmetic between wgmmas and ptxas
-// then serializes every wgmma of the kernel); the epilogue adds β.
+// converted LA chunk) into a fresh partial set, added to the fp32 accumulators (one FADD per element and
+// chunk), every k-step of the chunk (ranks past `rank` are zero-filled in both operands; a runtime trip count
+// puts descriptor arithmetic between wgmmas and ptxas then serializes every wgmma of the kernel); the
+// epilogue adds β.
 // SASS check (cuobjdump -sass): per unit WARPGROUP.ARRIVE and QGMMA x2 (decode: x4, register A and
 // shared-memory A alternating), DEPBAR.LE gsb0 n as the units retire, DEPBAR 0 at the step end; the
 // low-rank HGMMAs chained; no local memory; no "wgmma serialized" ptxas warning.
@@ -992,11 +993,9 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   // The scale-product path (W4A4ScaleProductMma, 16-bit activation scales): s_w[n]·s_x[m] per unit from a wgmma.
   constexpr bool kScaleMma = kUsesScaleProducts<C, kFp8Act>;
   static_assert(!kScaleMma || kSliceN >= 32, "the scale wgmma is instantiated for n32 and n64 slices");
-  // Scale-product sets: one per partial set up to 64 tokens, so that a unit's products are issued with its partial
-  // and the previous unit's promotion waits on neither; the 128-token tile has one (a second would make ptxas
-  // serialize its wgmmas, C7512), issued after the previous unit's promotion has read it.
-  constexpr int kProductSets = C::kTileM < 128 ? kPartSets : 1;
-  [[maybe_unused]] float scale_products[kProductSets][kSliceN / 2];
+  // One scale-product set per partial set: a unit's products are issued with its partial, so the previous unit's
+  // promotion waits on neither.
+  [[maybe_unused]] float scale_products[kPartSets][kSliceN / 2];
   PipeState<C::kStages> state;
   PipeState<C::kLoraStages> lora_state;
   const uint32_t staging = smem + L::kStaging + wg * (C::kTileM * 128);
@@ -1012,7 +1011,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     constexpr int kUnitsPerStage = kSlices * 2;
     constexpr int kUnits = kU * kUnitsPerStage;
     constexpr int kSets = kUnits < kPartSets ? kUnits : kPartSets;
-    constexpr int kProducts = kProductSets > 1 ? kSets : 1;  // the step's product sets: unit u uses u % kProducts
+    static_assert(!kScaleMma || kSets >= 2, "unit u's products are issued while unit u - 1's are being promoted");
     int stage[kU] = {};
     uint32_t a[kU][2][8];
     uint32_t act_scales[kU];
@@ -1028,8 +1027,8 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       [[maybe_unused]] const int gi = u % 2;
       FenceOperands(part[u % kSets]);
       if constexpr (kScaleMma) {
-        FenceOperands(scale_products[u % kProducts]);
-        PromoteScaled<kSliceN>(acc[sl], part[u % kSets], scale_products[u % kProducts]);
+        FenceOperands(scale_products[u % kSets]);
+        PromoteScaled<kSliceN>(acc[sl], part[u % kSets], scale_products[u % kSets]);
       } else {
         Promote<C, OutT, kFp8Act>(acc[sl], part[u % kSets], act_scale_words[j][sl], gi, sw[j][gi]);
       }
@@ -1080,7 +1079,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         // Unit (sl, gi): tokens [sl kSliceN, +kSliceN), k [64 gi, 64 gi + 64) of the stage.
         const uint32_t offset = sl * kSliceN * C::kTileK + 64 * gi;
         FenceOperands(part[u % kSets]);
-        if constexpr (kScaleMma && kProducts > 1) FenceOperands(scale_products[u % kProducts]);
+        if constexpr (kScaleMma) FenceOperands(scale_products[u % kSets]);
         WgmmaFence();
         // Offset weights: each k-step's correction (- 8·2^-9 Σ_k x) right after it, so that the running
         // partial never holds the uncorrected sum of both k-steps (smaller magnitudes, smaller rounding).
@@ -1090,27 +1089,18 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
           Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4 * kk, desc_b, kk);
           if constexpr (C::kOffsetWeights) Wgmma<kSliceN>::E4m3Smem(part[u % kSets], desc_correction, desc_b);
         }
-        // Unit u's scale products: K-major, no swizzle: 8-token core matrices 128 B apart; the k = 8..15 core
-        // matrix is read from the same rows (leading offset 0) and multiplied by the zeros of sw_frag.
-        const auto issue_products = [&] {
-          const uint32_t rows = act_scales[j] + sl * kSliceN * C::kActScalePitch;
-          Wgmma<kSliceN>::template Half<kBf16>(scale_products[u % kProducts], sw_frag[j][gi],
-                                               MakeSmemDesc(rows, 0, 8 * C::kActScalePitch, kSwizzleNone), /*scale_d=*/0);
-        };
-        if constexpr (kScaleMma && kProducts > 1) issue_products();  // with the partial, in its commit group
-        WgmmaCommit();
         if constexpr (kScaleMma) {
-          // Unit u - 1 is promoted while unit u's wgmmas run.
-          if (u >= 1) {
-            WgmmaWaitPending(1);
-            promote_unit(u - 1);
-          }
-          if constexpr (kProducts == 1) {  // into the set the promotion above has read
-            FenceOperands(scale_products[0]);
-            WgmmaFence();
-            issue_products();
-            WgmmaCommit();
-          }
+          // Unit u's scale products, in its partial's commit group. K-major, no swizzle: 8-token core matrices
+          // 128 B apart; the k = 8..15 core matrix is read from the same rows (leading offset 0) and multiplied by
+          // the zeros of sw_frag.
+          const uint32_t rows = act_scales[j] + sl * kSliceN * C::kActScalePitch;
+          Wgmma<kSliceN>::template Half<kBf16>(scale_products[u % kSets], sw_frag[j][gi],
+                                               MakeSmemDesc(rows, 0, 8 * C::kActScalePitch, kSwizzleNone), /*scale_d=*/0);
+        }
+        WgmmaCommit();
+        if (kScaleMma && u >= 1) {  // unit u - 1 is promoted while unit u's wgmmas run
+          WgmmaWaitPending(1);
+          promote_unit(u - 1);
         }
       }
     }
@@ -1194,7 +1184,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       }
     }
 
-    // ---- α, then the low-rank up projection into the same accumulators
+    // ---- α, then the low-rank up projection, added to the accumulators
     float beta[2] = {0.0f, 0.0f};
     for (int item = 0; item < items; ++item) {
       const int s = lora_state.index;
@@ -1225,7 +1215,11 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       }
       if (p.rank > 0) {
         // A = L_upᵀ (64 columns x 16 ranks per k-step, MN-major, 128-byte swizzle: 8-rank groups 1024 B
-        // apart); B = the converted LA (tokens x 16 ranks, K-major). Always the whole chunk: the ranks
+        // apart); B = the converted LA (tokens x 16 ranks, K-major). The wgmmas accumulate into a fresh partial set
+        // that is then added to acc, as the main loop promotes its groups: acc is never a wgmma accumulator, so
+        // ptxas may place it in any registers (as the low-rank wgmmas' accumulator, or copied into a partial set
+        // for them, it left the 128-token tile no registers for a second product set: C7512). Always the whole
+        // chunk: the ranks
         // past `rank` are zero in both operands (TMA zero fill), and a runtime trip count would put
         // descriptor arithmetic between wgmmas, which makes ptxas serialize every wgmma of the kernel.
         const uint64_t desc_a = MakeSmemDesc(smem + L::kLoraUp + s * L::Stride(kObjLoraUp) + wg * C::kLoraChunk * 128,
@@ -1233,20 +1227,28 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         const uint64_t desc_b = MakeSmemDesc(smem + L::kLaHalf + s * L::Stride(kObjLaHalf), 16, 8 * C::kLaRowBytes,
                                              C::kLaRowBytes == 128 ? kSwizzle128B : kSwizzle64B);
 #pragma unroll
-        for (int sl = 0; sl < kSlices; ++sl) FenceOperands(acc[sl]);
+        for (int sl = 0; sl < kSlices; ++sl) {
+#pragma unroll
+          for (int i = 0; i < kSliceN / 2; ++i) part[sl][i] = 0.0f;
+          FenceOperands(part[sl]);
+        }
         WgmmaFence();
 #pragma unroll
         for (int kk = 0; kk < C::kLoraChunk / 16; ++kk) {
 #pragma unroll
           for (int sl = 0; sl < kSlices; ++sl) {
-            Wgmma<kSliceN>::template Half<kBf16>(acc[sl], desc_a + ((kk * 16 * 128) >> 4),
+            Wgmma<kSliceN>::template Half<kBf16>(part[sl], desc_a + ((kk * 16 * 128) >> 4),
                                                   desc_b + ((sl * kSliceN * C::kLaRowBytes + kk * 32) >> 4));
           }
         }
         WgmmaCommit();
         WgmmaWait<0>();
 #pragma unroll
-        for (int sl = 0; sl < kSlices; ++sl) FenceOperands(acc[sl]);
+        for (int sl = 0; sl < kSlices; ++sl) {
+          FenceOperands(part[sl]);
+#pragma unroll
+          for (int i = 0; i < kSliceN / 2; ++i) acc[sl][i] += part[sl][i];
+        }
       }
       __syncwarp();
       if (lane == 0) MbarArrive(bar.LoraEmpty(s));
