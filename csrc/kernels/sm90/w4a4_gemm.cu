@@ -143,7 +143,8 @@
 //   promotion:  2 FP32 ops x 16384 outputs = 32768 thread-instructions = 256 issue clk of the 4
 //               schedulers: the issue slots are nearly full with promotion alone.
 //   conversion: 11 instructions per 8 weights (3 prmt per 4 values + mask/shift) = 1.4 / value:
-//               8192 values = 88 clk. Activation scales: 1 LDS.64 per 2 tokens + 1 decode per token
+//               8192 values = 88 clk (14 in the SASS: __byte_perm masks its selectors; + copies of the
+//               prmt tables at 232 registers). Activation scales: 1 LDS.64 per 2 tokens + 1 decode per token
 //               (16-bit) = 96 clk (int4/uint4), 32 clk (fp8). wgmma, barriers, s_w: ~20 clk.
 //   => issue-bound at ~460 clk per 256 clk of MMA: <= ~56% of the fp8 peak (~1100 TFLOPS) for
 //      int4/uint4 activations, ~65% (~1280) for fp8, before latency and memory effects. The floor
@@ -152,7 +153,9 @@
 //      ~250 issue clk per 384 clk of MMA. Measured (session 5, ncu): 1.85 ms = 594 TFLOPS at 8192^3, issue
 //      slots 52% busy, tensor ~45%: neither is full; the consumers wait on their own chain (wgmma
 //      completion 10% of stall samples, wgmma issue 15%, fixed-latency dependencies 13%) with two
-//      consumer warps per scheduler.
+//      consumer warps per scheduler. Session 14: 1.71-1.73 ms (641 TFLOPS at the JAX level) with a product
+//      set per partial set; the time follows each warpgroup's wgmma chain, not its instruction count (a
+//      build with 1/16 of the promotions ran slower; benchmarks/NOTES.md).
 //   decode (M <= 16, 28672 x 8192): 117 MB of int4 weights = 28 us at 4.2 TB/s; 224 column tiles on
 //      132 SMs (1.7 waves); floor asked for: 49 us = 2.5x bf16. Issue-bound: SASS of one K-stage (8 KB of
 //      weights) of one consumer warp, bf16 output, int4 activations (fp8: -4 to -8):
