@@ -265,6 +265,7 @@ struct Config {
       kCtasPerSm > 1 ? (kTileM <= 8 ? 2 : 1) : kTileM <= 16 ? 4 : kTileM <= 32 ? 2 : 1;
   static constexpr int kPartSets = kTileM <= 32 ? kStagesPerStep * kSlices * 2 : 2;
   static_assert(kPartSets <= 8, "WgmmaWaitPending covers up to 7 pending groups");
+  static_assert(kSlices <= kPartSets, "the low-rank wgmmas run into a partial set per slice");
   // Decode tiles convert the weights to offset codes (byte q + 8, Int4x8ToOffsetE4m3) and cancel the
   // offset with two more wgmmas per unit; prefill tiles keep the exact table lookup (there the extra
   // wgmmas would cost tensor time).
