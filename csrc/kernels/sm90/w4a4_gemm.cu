@@ -86,13 +86,13 @@
 //   One product set per partial set: a unit's products are issued with its partial, part(u) + products(u),
 //   wait(1), promote(u - 1) (session 14: 8192^3 1.78 -> 1.72 ms, 64 x 28672 x 8192 81.4 -> 80.2 us; with one
 //   set, issued after the previous promotion had read it, the products' latency was on every unit's chain).
-//   The registers of the 128-token tile's second set come from acc not being a wgmma operand (the low-rank
-//   wgmmas run into a partial set, which is then added, below). The consumers fence the async proxy after
+//   The registers of the 128-token tile's second set come from acc not being a wgmma operand (with scale
+//   products the low-rank wgmmas run into a partial set, which is then added, below). The consumers fence the async proxy after
 //   each full barrier (cp.async wrote the scales).
 // After the K loop: acc *= α (α scales the main product only; decode: α·2^9, exact); the low-rank up
 // projection runs as wgmma m64nNk16 bf16/fp16 (A = L_upᵀ chunk from shared memory, MN-major; B = the
-// converted LA chunk) into a fresh partial set, added to the fp32 accumulators (one FADD per element and
-// chunk), every k-step of the chunk (ranks past `rank` are zero-filled in both operands; a runtime trip count
+// converted LA chunk) into the fp32 accumulators (tiles with scale products: into a fresh partial set, then
+// added, one FADD per element and chunk), every k-step of the chunk (ranks past `rank` are zero-filled in both operands; a runtime trip count
 // puts descriptor arithmetic between wgmmas and ptxas then serializes every wgmma of the kernel); the
 // epilogue adds β.
 // SASS check (cuobjdump -sass): per unit WARPGROUP.ARRIVE and QGMMA x2 (decode: x4, register A and
@@ -1219,29 +1219,35 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       }
       if (p.rank > 0) {
         // A = L_upᵀ (64 columns x 16 ranks per k-step, MN-major, 128-byte swizzle: 8-rank groups 1024 B
-        // apart); B = the converted LA (tokens x 16 ranks, K-major). The wgmmas accumulate into a fresh partial set
-        // that is then added to acc, as the main loop promotes its groups: acc is never a wgmma accumulator, so
-        // ptxas may place it in any registers (as the low-rank wgmmas' accumulator, or copied into a partial set
-        // for them, it left the 128-token tile no registers for a second product set: C7512). Always the whole
-        // chunk: the ranks
-        // past `rank` are zero in both operands (TMA zero fill), and a runtime trip count would put
-        // descriptor arithmetic between wgmmas, which makes ptxas serialize every wgmma of the kernel.
+        // apart); B = the converted LA (tokens x 16 ranks, K-major). With scale products the wgmmas accumulate
+        // into a fresh partial set that is then added to acc, as the main loop promotes its groups: acc is then
+        // never a wgmma accumulator and ptxas may place it in any registers (as the low-rank wgmmas' accumulator,
+        // or copied into a partial set for them, it left the 128-token tile no registers for its second product
+        // set: C7512); the other tiles accumulate into acc (16 tokens: 0.3 us slower through a partial set).
+        // Always the whole chunk: the ranks past `rank` are zero in both operands (TMA zero fill), and a runtime
+        // trip count would put descriptor arithmetic between wgmmas, which makes ptxas serialize every wgmma.
         const uint64_t desc_a = MakeSmemDesc(smem + L::kLoraUp + s * L::Stride(kObjLoraUp) + wg * C::kLoraChunk * 128,
                                              1024, 1024, kSwizzle128B);
         const uint64_t desc_b = MakeSmemDesc(smem + L::kLaHalf + s * L::Stride(kObjLaHalf), 16, 8 * C::kLaRowBytes,
                                              C::kLaRowBytes == 128 ? kSwizzle128B : kSwizzle64B);
+        auto lowrank = [&](int sl) -> float(&)[kSliceN / 2] {
+          if constexpr (kScaleMma) return part[sl];
+          else return acc[sl];
+        };
 #pragma unroll
         for (int sl = 0; sl < kSlices; ++sl) {
+          if constexpr (kScaleMma) {
 #pragma unroll
-          for (int i = 0; i < kSliceN / 2; ++i) part[sl][i] = 0.0f;
-          FenceOperands(part[sl]);
+            for (int i = 0; i < kSliceN / 2; ++i) part[sl][i] = 0.0f;
+          }
+          FenceOperands(lowrank(sl));
         }
         WgmmaFence();
 #pragma unroll
         for (int kk = 0; kk < C::kLoraChunk / 16; ++kk) {
 #pragma unroll
           for (int sl = 0; sl < kSlices; ++sl) {
-            Wgmma<kSliceN>::template Half<kBf16>(part[sl], desc_a + ((kk * 16 * 128) >> 4),
+            Wgmma<kSliceN>::template Half<kBf16>(lowrank(sl), desc_a + ((kk * 16 * 128) >> 4),
                                                   desc_b + ((sl * kSliceN * C::kLaRowBytes + kk * 32) >> 4));
           }
         }
@@ -1249,9 +1255,11 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         WgmmaWait<0>();
 #pragma unroll
         for (int sl = 0; sl < kSlices; ++sl) {
-          FenceOperands(part[sl]);
+          FenceOperands(lowrank(sl));
+          if constexpr (kScaleMma) {
 #pragma unroll
-          for (int i = 0; i < kSliceN / 2; ++i) acc[sl][i] += part[sl][i];
+            for (int i = 0; i < kSliceN / 2; ++i) acc[sl][i] += part[sl][i];
+          }
         }
       }
       __syncwarp();
