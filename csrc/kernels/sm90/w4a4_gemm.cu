@@ -87,14 +87,14 @@
 //   wait(1), promote(u - 1) (session 14: 8192^3 1.78 -> 1.72 ms, 64 x 28672 x 8192 81.4 -> 80.2 us; with one
 //   set, issued after the previous promotion had read it, the products' latency was on every unit's chain).
 //   The registers of the 128-token tile's second set come from acc not being a wgmma operand (with scale
-//   products the low-rank wgmmas run into a partial set, which is then added, below). The consumers fence the async proxy after
-//   each full barrier (cp.async wrote the scales).
+//   products the low-rank wgmmas run into a partial set, which is then added, below). The consumers fence
+//   the async proxy after each full barrier (cp.async wrote the scales).
 // After the K loop: acc *= α (α scales the main product only; decode: α·2^9, exact); the low-rank up
 // projection runs as wgmma m64nNk16 bf16/fp16 (A = L_upᵀ chunk from shared memory, MN-major; B = the
 // converted LA chunk) into the fp32 accumulators (tiles with scale products: into a fresh partial set, then
-// added, one FADD per element and chunk), every k-step of the chunk (ranks past `rank` are zero-filled in both operands; a runtime trip count
-// puts descriptor arithmetic between wgmmas and ptxas then serializes every wgmma of the kernel); the
-// epilogue adds β.
+// added, one FADD per element and chunk), every k-step of the chunk (ranks past `rank` are zero-filled in
+// both operands; a runtime trip count puts descriptor arithmetic between wgmmas and ptxas then serializes
+// every wgmma of the kernel); the epilogue adds β.
 // SASS check (cuobjdump -sass): per unit WARPGROUP.ARRIVE and QGMMA x2 (decode: x4, register A and
 // shared-memory A alternating), DEPBAR.LE gsb0 n as the units retire, DEPBAR 0 at the step end; the
 // low-rank HGMMAs chained; no local memory; no "wgmma serialized" ptxas warning.
