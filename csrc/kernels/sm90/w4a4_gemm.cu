@@ -265,7 +265,6 @@ struct Config {
       kCtasPerSm > 1 ? (kTileM <= 8 ? 2 : 1) : kTileM <= 16 ? 4 : kTileM <= 32 ? 2 : 1;
   static constexpr int kPartSets = kTileM <= 32 ? kStagesPerStep * kSlices * 2 : 2;
   static_assert(kPartSets <= 8, "WgmmaWaitPending covers up to 7 pending groups");
-  static_assert(kSlices <= kPartSets, "the low-rank wgmmas run into a partial set per slice");
   // Decode tiles convert the weights to offset codes (byte q + 8, Int4x8ToOffsetE4m3) and cancel the
   // offset with two more wgmmas per unit; prefill tiles keep the exact table lookup (there the extra
   // wgmmas would cost tensor time).
@@ -997,6 +996,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   // The scale-product path (W4A4ScaleProductMma, 16-bit activation scales): s_w[n]·s_x[m] per unit from a wgmma.
   constexpr bool kScaleMma = kUsesScaleProducts<C, kFp8Act>;
   static_assert(!kScaleMma || kSliceN >= 32, "the scale wgmma is instantiated for n32 and n64 slices");
+  static_assert(!kScaleMma || kSlices <= kPartSets, "the low-rank wgmmas run into a partial set per slice");
   // One scale-product set per partial set: a unit's products are issued with its partial, so the previous unit's
   // promotion waits on neither.
   [[maybe_unused]] float scale_products[kPartSets][kSliceN / 2];
