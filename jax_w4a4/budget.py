@@ -91,7 +91,9 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4W4a16MTiles.restype = ctypes.c_int
     lib.JaxW4a4W4a16MTiles.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4W4a16Plan.restype = None
-    lib.JaxW4a4W4a16Plan.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4W4a16Plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4W4a16Launch.restype = None
+    lib.JaxW4a4W4a16Launch.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2 + [ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4W4a16WorkspaceBytes.restype = ctypes.c_int64
     lib.JaxW4a4W4a16WorkspaceBytes.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2
     lib.JaxW4a4W4a4WorkspaceBytes.restype = ctypes.c_int64
@@ -212,14 +214,19 @@ def arrival_counter_limits() -> ArrivalCounterLimits:
 @dataclasses.dataclass(frozen=True)
 class W4a16Plan:
     """The sm90 w4a16 GEMM plan of one token tile (csrc/kernels/sm90/w4a16_gemm_plan.h): per ring stage
-    (one 64-wide K atom) 512 B of prepacked weights per m16 tile (8 warps x ``tiles_per_warp`` tiles),
-    the X tile (128-byte swizzled rows, the wgmma B operand) and the scales and zero points of the atom's
-    groups (up to two), each one TMA box, with a full and an empty mbarrier; fixed: 1 KB of slack that
-    aligns the base to the swizzle atom; ``ctas_per_sm`` CTAs designed to share an SM."""
+    (``stage_atoms`` 64-wide K atoms) 512 B of prepacked weights per atom and m16 tile (wide: 8 warps x
+    ``tiles_per_warp`` tiles; narrow: one warp's), the X tile of each atom (128-byte swizzled rows, the wgmma
+    B operand) and the scales and zero points of the stage's groups (up to two an atom), one TMA box each,
+    with a full and an empty mbarrier; fixed: 1 KB of slack that aligns the base to the swizzle atom;
+    ``ctas_per_sm`` CTAs designed to share an SM. Narrow plans (the mma.sync token tiles): one CTA per SM
+    whose k-lanes share one warp's rows, fed by a producer warp."""
 
     m_tiles: int
+    narrow: bool
     block_m: int
     ctas_per_sm: int
+    max_warps: int
+    stage_atoms: int
     tiles_per_warp: int
     block_rows: int
     stages: int
@@ -234,7 +241,23 @@ class W4a16Plan:
     fits: bool
 
 
-_W4A16_FIELDS = 14
+_W4A16_FIELDS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class W4a16Launch:
+    """The launch plan of one w4a16 GEMM (PlanW4a16Launch): ``m_blocks`` x ``n_tiles`` x ``splits`` CTAs of
+    ``threads`` threads; wide CTAs own ``warps`` warps' rows, narrow ones one warp's rows shared by
+    ``k_lanes`` warps."""
+
+    m_tiles: int
+    m_blocks: int
+    warps: int
+    n_tiles: int
+    splits: int
+    narrow: bool
+    k_lanes: int
+    threads: int
 
 
 def w4a16_m_tiles() -> list[int]:
@@ -244,12 +267,24 @@ def w4a16_m_tiles() -> list[int]:
     return [int(out[i]) for i in range(n)]
 
 
-def w4a16_plan(m_tiles: int) -> W4a16Plan:
-    """The solved shared-memory / occupancy plan of the sm90 w4a16 GEMM for one token tile."""
+def w4a16_plan(m_tiles: int, *, narrow: bool = False) -> W4a16Plan:
+    """The solved shared-memory / occupancy plan of the sm90 w4a16 GEMM for one token tile (narrow: the
+    narrow CTAs', which only the mma.sync tiles, m_tiles <= 2, have)."""
     out = (ctypes.c_int64 * _W4A16_FIELDS)()
-    _load().JaxW4a4W4a16Plan(m_tiles, out)
+    _load().JaxW4a4W4a16Plan(m_tiles, int(narrow), out)
     values = [int(v) for v in out]
-    return W4a16Plan(m_tiles, *values[:-1], bool(values[-1]))
+    return W4a16Plan(m_tiles, narrow, *values[:-1], bool(values[-1]))
+
+
+def w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> W4a16Launch | None:
+    """The launch plan of one w4a16 GEMM planned for ``num_sms`` SMs; None when the kernel does not serve
+    the shape."""
+    out = (ctypes.c_int64 * 8)()
+    _load().JaxW4a4W4a16Launch(m, n, k, group_size, int(act_order), num_sms, out)
+    values = [int(v) for v in out]
+    if values[0] < 0:
+        return None
+    return W4a16Launch(*values[:5], bool(values[5]), *values[6:])
 
 
 def w4a16_workspace_bytes(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> int:

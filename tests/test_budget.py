@@ -4,6 +4,8 @@ Hopper rules (TMA multicast): the footprint of a multicast object is REPLICATED 
 cluster, each CTA ISSUES only its slice, and each CTA's full barrier EXPECTS the whole tile.
 """
 
+import functools
+
 import pytest
 
 from jax_w4a4 import budget
@@ -228,7 +230,25 @@ def test_table_lists_act_quant_plans():
     assert text.count("act_quant sm90:") == len(budget.act_quant_shapes()) == 8
 
 
-# ---- w4a16: two CTAs per SM up to 16 tokens, the ring solved for the designed occupancy ----
+# ---- w4a16: two CTAs per SM up to 16 tokens, the ring solved for the designed occupancy; narrow CTAs ----
+
+def _check_w4a16_plan(p, max_stages):
+    assert p.block_m == 8 * p.m_tiles
+    assert p.stage_weight_bytes == p.stage_atoms * p.block_rows * 64 // 2  # 64-wide atoms of every row, int4
+    assert p.stage_x_bytes == p.stage_atoms * p.block_m * 128  # one 128-byte swizzled row per token and atom
+    # two 32-wide groups an atom: 16-bit scales, uint8 zeros
+    assert p.stage_scale_bytes == p.stage_atoms * 2 * p.block_rows * (2 + 1)
+    assert p.stage_bytes == p.stage_weight_bytes + p.stage_x_bytes + p.stage_scale_bytes
+    assert p.ring_bytes == p.stages * p.stage_bytes
+    assert p.barrier_bytes == p.stages * 2 * 8  # a full and an empty mbarrier per stage
+    assert p.total_bytes == p.ring_bytes + p.barrier_bytes + 1024  # + slack to align the swizzle atoms
+    assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
+    assert p.fits and 4 <= p.stages <= max_stages
+    assert p.total_bytes <= budget.SMEM_PER_BLOCK and p.per_sm_bytes <= budget.SMEM_PER_SM
+    if p.stages < max_stages:  # one more stage would break the designed CTAs per SM
+        one_more = p.total_bytes + p.stage_bytes + 2 * 8
+        assert p.ctas_per_sm * (one_more + budget.SMEM_RESERVED_PER_CTA) > budget.SMEM_PER_SM
+
 
 def test_w4a16_plans_add_up_fit_and_are_tight():
     plans = [budget.w4a16_plan(m) for m in budget.w4a16_m_tiles()]
@@ -237,26 +257,50 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
     # fill the registers.
     assert [p.tiles_per_warp for p in plans] == [4, 4, 2, 2]
     for p in plans:
-        assert p.block_m == 8 * p.m_tiles
+        assert not p.narrow and p.stage_atoms == 1 and p.max_warps == 8
         assert p.block_rows == 8 * p.tiles_per_warp * 16
-        assert p.stage_weight_bytes == p.block_rows * 64 // 2  # one 64-wide atom of every row, int4
-        assert p.stage_x_bytes == p.block_m * 128  # one 128-byte swizzled row per token
-        assert p.stage_scale_bytes == 2 * p.block_rows * (2 + 1)  # two 32-wide groups' 16-bit scales, uint8 zeros
-        assert p.stage_bytes == p.stage_weight_bytes + p.stage_x_bytes + p.stage_scale_bytes
-        assert p.ring_bytes == p.stages * p.stage_bytes
-        assert p.barrier_bytes == p.stages * 2 * 8  # a full and an empty mbarrier per stage
-        assert p.total_bytes == p.ring_bytes + p.barrier_bytes + 1024  # + slack to align the swizzle atoms
-        assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
-        assert p.fits and 4 <= p.stages <= 16
-        assert p.total_bytes <= budget.SMEM_PER_BLOCK and p.per_sm_bytes <= budget.SMEM_PER_SM
-        if p.stages < 16:  # one more stage would break the designed CTAs per SM
-            one_more = p.total_bytes + p.stage_bytes + 2 * 8
-            assert p.ctas_per_sm * (one_more + budget.SMEM_RESERVED_PER_CTA) > budget.SMEM_PER_SM
+        _check_w4a16_plan(p, max_stages=16)
     assert [p.ctas_per_sm for p in plans] == [2, 2, 1, 1]
 
 
+def test_w4a16_narrow_plans_add_up_fit_and_are_tight():
+    """Narrow CTAs (8 and 16 tokens): one per SM, one warp's 64 rows, stages of 4 atoms (8 KB of weights: one
+    TMA box), up to 8 k-lanes and a producer warp."""
+    for m_tiles in (1, 2):
+        p = budget.w4a16_plan(m_tiles, narrow=True)
+        assert p.narrow and p.ctas_per_sm == 1 and p.stage_atoms == 4 and p.max_warps == 8 + 1
+        assert p.block_rows == 64 and p.stage_weight_bytes == 8192
+        _check_w4a16_plan(p, max_stages=32)
+    assert [budget.w4a16_plan(m, narrow=True).stages for m in (1, 2)] == [16, 12]
+
+
 def test_table_lists_w4a16_plans():
-    assert budget.table().count("w4a16_gemm sm90:") == 4
+    assert budget.table().count("w4a16_gemm sm90:") == 4 + 2
+    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 2
+
+
+def test_w4a16_narrow_ctas_serve_small_layers():
+    """The planner's model (w4a16_gemm_plan.h): a wide launch that splits K pays ~3 us for its partials, a
+    narrow CTA streams 64 rows at ~20 KB/us and a narrow launch pays ~0.03 us a CTA. So small layers (K up
+    to ~1.5K, up to ~2K rows) run narrow, unsplit, with a k-lane per 4-atom stage up to 8 and two stages of
+    the ring each; the benchmark shapes and every launch past 16 tokens run wide, and a narrow grid fits
+    one wave."""
+    plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
+    small = plan(1, 576, 1536)
+    assert (small.narrow, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == (True, 9, 1, 1, 6, 7 * 32)
+    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 24, 1, True, 3, 4 * 32)  # 9 atoms: 3 stages
+    assert plan(1, 1024, 1024).k_lanes == 4 and plan(1, 384, 4096) is not None
+    assert plan(1, 2048, 1024).narrow and not plan(1, 4096, 1024).narrow  # ~0.03 us a narrow CTA: 32 vs 64 CTAs
+    one_wave = functools.partial(budget.w4a16_launch, 1, 1024, 1024, 64, act_order=False)  # 16 row tiles
+    assert one_wave(num_sms=16).narrow and not one_wave(num_sms=15).narrow
+    assert not plan(17, 576, 1536).narrow and plan(17, 576, 1536).m_tiles == 4
+    for n, k in ((28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096)):
+        for m in (1, 16):
+            assert not plan(m, n, k).narrow
+    for m, n, k in ((1, 576, 1536), (16, 1536, 576)):  # no split-K partials; the act-order gather stays
+        assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=False, num_sms=132) == 0
+        assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=True, num_sms=132) == 256 * -(-2 * m * k // 256)
+    assert plan(0, 576, 1536) is None
 
 
 def test_w4a16_workspace_follows_the_launch_plan():

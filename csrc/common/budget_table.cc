@@ -74,12 +74,13 @@ std::string DescribeActQuant(const ActQuantPlan& p) {
 }
 
 std::string DescribeW4a16(const W4a16Plan& p) {
-  char line[384];
+  char line[448];
   std::snprintf(line, sizeof line,
-                "w4a16_gemm sm90: %d tokens per CTA, %d CTAs/SM of <= 8 warps x %d m16 tiles (%d rows): "
-                "stage %d B (weights %d + X %d + scales and zeros %d) x %d stages = %d, barriers %d, alignment slack %d; "
-                "total %d B/CTA, %d of %d B/SM%s\n",
-                p.block_m, p.ctas_per_sm, p.tiles_per_warp, p.block_rows, p.stage_bytes, p.stage_weight_bytes,
+                "w4a16_gemm sm90: %d tokens per CTA, %s, %d CTAs/SM of <= %d warps, %d m16 tiles a warp (%d rows): "
+                "stage of %d atoms %d B (weights %d + X %d + scales and zeros %d) x %d stages = %d, barriers %d, "
+                "alignment slack %d; total %d B/CTA, %d of %d B/SM%s\n",
+                p.block_m, p.narrow ? "narrow (k-lanes share the rows, a producer warp)" : "wide", p.ctas_per_sm,
+                p.max_warps, p.tiles_per_warp, p.block_rows, p.stage_atoms, p.stage_bytes, p.stage_weight_bytes,
                 p.stage_x_bytes, p.stage_scale_bytes, p.stages,
                 p.ring_bytes, p.barrier_bytes, static_cast<int>(jax_w4a4::budget::kSwizzledAlign), p.total_bytes,
                 p.per_sm_bytes,
@@ -98,6 +99,11 @@ __attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
     for (const auto& shape : jax_w4a4::sm90::kActQuantShapes) t += DescribeActQuant(jax_w4a4::sm90::SolveActQuantPlan(shape));
     t += "\n";
     for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) t += DescribeW4a16(jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles));
+    for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) {
+      if (m_tiles <= jax_w4a4::sm90::w4a16::kMaxMmaSyncMTiles) {
+        t += DescribeW4a16(jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles, true));
+      }
+    }
     return t;
   }();
   return table.c_str();
@@ -160,20 +166,36 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
 }
 
 // The w4a16 plans: JaxW4a4W4a16MTiles writes the instantiated m_tiles options and returns their count;
-// JaxW4a4W4a16Plan writes one solved plan: block_m, ctas_per_sm, tiles_per_warp, block_rows, stages,
-// stage_weight, stage_x, stage_scale, stage, ring, barriers, total, per_sm, fits (14 values).
+// JaxW4a4W4a16Plan writes one solved plan (wide or narrow): block_m, ctas_per_sm, max_warps, stage_atoms,
+// tiles_per_warp, block_rows, stages, stage_weight, stage_x, stage_scale, stage, ring, barriers, total, per_sm,
+// fits (16 values); JaxW4a4W4a16Launch writes the launch plan of one problem (-1s: not served): m_tiles,
+// m_blocks, warps, n_tiles, splits, narrow, k_lanes, threads (8 values).
 __attribute__((visibility("default"))) int JaxW4a4W4a16MTiles(int64_t* out) {
   int n = 0;
   for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) out[n++] = m_tiles;
   return n;
 }
 
-__attribute__((visibility("default"))) void JaxW4a4W4a16Plan(int m_tiles, int64_t* out) {
-  const W4a16Plan p = jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles);
-  const int64_t values[] = {p.block_m,    p.ctas_per_sm,        p.tiles_per_warp, p.block_rows,
+__attribute__((visibility("default"))) void JaxW4a4W4a16Plan(int m_tiles, int narrow, int64_t* out) {
+  const W4a16Plan p = jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles, narrow != 0);
+  const int64_t values[] = {p.block_m,    p.ctas_per_sm, p.max_warps, p.stage_atoms, p.tiles_per_warp, p.block_rows,
                             p.stages,     p.stage_weight_bytes,
                             p.stage_x_bytes, p.stage_scale_bytes, p.stage_bytes, p.ring_bytes, p.barrier_bytes,
                             p.total_bytes,      p.per_sm_bytes, p.fits() ? 1 : 0};
+  for (int64_t v : values) *out++ = v;
+}
+
+__attribute__((visibility("default"))) void JaxW4a4W4a16Launch(int64_t m, int64_t n, int64_t k, int64_t group_size,
+                                                              int act_order, int num_sms, int64_t* out) {
+  namespace w4a16 = jax_w4a4::sm90::w4a16;
+  const w4a16::W4a16Problem problem{m, n, k, group_size, act_order != 0};
+  if (!w4a16::W4a16ShapeSupported(problem) || num_sms < 1) {
+    for (int i = 0; i < 8; ++i) out[i] = -1;
+    return;
+  }
+  const w4a16::W4a16Launch l = w4a16::PlanW4a16Launch(problem, num_sms);
+  const int64_t values[] = {l.m_tiles, l.m_blocks, l.warps, l.n_tiles, l.splits, l.narrow ? 1 : 0, l.k_lanes,
+                            w4a16::W4a16LaunchThreads(l)};
   for (int64_t v : values) *out++ = v;
 }
 

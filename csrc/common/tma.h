@@ -66,6 +66,16 @@ __device__ __forceinline__ void TmaLoad2dHint(const CUtensorMap& map, uint32_t d
       : "memory");
 }
 
+// The 3-D box at (c0, c1, c2), with an L2 cache policy.
+__device__ __forceinline__ void TmaLoad3dHint(const CUtensorMap& map, uint32_t dst, uint32_t bar, int c0, int c1,
+                                              int c2, uint64_t l2_policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
+      "l"(MapAddr(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(l2_policy)
+      : "memory");
+}
+
 // -------------------------------------------------------------------------------------------- host
 
 using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;

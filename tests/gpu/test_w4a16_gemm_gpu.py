@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_w4a4 import ops, reference
+from jax_w4a4 import budget, ops, reference
 from jax_w4a4.formats import w4a16, w4a16_layout
 from jax_w4a4.ops import _library
 
@@ -34,6 +34,10 @@ TOKENS = (1, 3, 16, 33, 64, 200)
 
 def _gpu():
     return jax.devices("cuda")[0]
+
+
+def _num_sms():
+    return _library.cuda_sm_count()
 
 
 @functools.cache
@@ -171,14 +175,31 @@ def test_split_k_counters_are_rearmed():
     assert _library.armed_arrival_counters() == 0
 
 
-def test_split_k_is_deterministic():
-    n, k = 8192, 8192  # split-K with the arrival-counter reduction
-    _, packed, scales, zeros, g_idx, bias = weights(n, k, 128, True, FP16, True)
+@pytest.mark.parametrize("n, k, narrow", [(8192, 8192, False), (1536, 576, True)], ids=["split-k", "narrow"])
+def test_reductions_are_deterministic(n, k, narrow):
+    """Split-K sums its partials in split order (arrival counters), narrow CTAs their k-lanes' in lane order."""
+    assert budget.w4a16_launch(16, n, k, 64, act_order=True, num_sms=_num_sms()).narrow == narrow
+    _, packed, scales, zeros, g_idx, bias = weights(n, k, 64, True, FP16, True)
     x = activations((16,), k, FP16)
-    first = np.asarray(_kernel(x, packed, scales, zeros, g_idx, bias, group_size=128))
+    first = np.asarray(_kernel(x, packed, scales, zeros, g_idx, bias, group_size=64))
     for _ in range(3):
-        again = np.asarray(_kernel(x, packed, scales, zeros, g_idx, bias, group_size=128))
+        again = np.asarray(_kernel(x, packed, scales, zeros, g_idx, bias, group_size=64))
         np.testing.assert_array_equal(again.view(np.uint16), first.view(np.uint16))
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_narrow_ctas(m):
+    """Narrow CTAs (small layers, up to 16 tokens): K's last stage partial (9 atoms: 3 stages of 4, so 3
+    k-lanes) or whole, a row tile of 32 rows (N % 64 == 32), every group size, both zero-point modes."""
+    for n, k, group_size, zero_point, dtype in (
+        (96, 576, 32, True, BF16),
+        (1056, 1024, -1, False, FP16),
+        (1056, 1024, 128, False, BF16),
+        (608, 1536, 64, True, FP16),
+    ):
+        size = k if group_size == -1 else group_size
+        assert budget.w4a16_launch(m, n, k, size, act_order=False, num_sms=_num_sms()).narrow
+        run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, False, True)
 
 
 def test_mismatched_act_order_gives_nan_not_a_wrong_answer():

@@ -106,31 +106,38 @@ namespace {
 constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
 constexpr int kRawCodesMaxPromotionCols = 128;    // raw-code partials carry an offset: see Numerics
 
-template <int kMTiles>  // n8 tiles of tokens
+template <int kMTiles, bool kNarrow>  // n8 tiles of tokens; narrow CTAs (w4a16_gemm_plan.h)
 struct Config {
-  static constexpr W4a16Plan kPlan = SolveW4a16Plan(kMTiles);
+  static constexpr W4a16Plan kPlan = SolveW4a16Plan(kMTiles, kNarrow);
+  static constexpr int kMaxThreads = kPlan.max_warps * 32;
   static constexpr int kCtasPerSm = kPlan.ctas_per_sm;
   static constexpr int kBlockM = kPlan.block_m;   // tokens per CTA
   static constexpr int kTilesPerWarp = kPlan.tiles_per_warp;
   static constexpr int kWarpRows = kTilesPerWarp * kAtomRows;
-  static constexpr int kBlockRows = kPlan.block_rows;  // with kMaxWarps warps
+  static constexpr int kBlockRows = kPlan.block_rows;  // with all row warps
   static constexpr int kStageWeightBytes = kPlan.stage_weight_bytes;
   static constexpr int kStageXBytes = kPlan.stage_x_bytes;
   static constexpr int kStageScaleBytes = kPlan.stage_scale_bytes;
+  static constexpr int kStageAtoms = kPlan.stage_atoms;
+  static constexpr int kRowBlockBytes = kStageAtoms * kAtomBytes;  // a stage's weights of one m16 tile
+  static constexpr int kAtomXBytes = kBlockM * kXRowBytes;         // a stage's X tile of one atom
+  static constexpr int kStageGroups = kStageAtoms * kMaxGroupsPerAtom;
   static constexpr int kStages = kPlan.stages;
   static constexpr int kWeightRingOffset = 0;
   static constexpr int kXRingOffset = kWeightRingOffset + kStages * kStageWeightBytes;
   // A scale stage: the scales of the atom's groups, then their zero points (each group's rows contiguous).
   static constexpr int kScaleRingOffset = kXRingOffset + kStages * kStageXBytes;
-  static constexpr int kStageZerosOffset = kMaxGroupsPerAtom * kBlockRows * kScaleBytes;
+  static constexpr int kStageZerosOffset = kStageGroups * kBlockRows * kScaleBytes;
   static constexpr int kBarrierOffset = kScaleRingOffset + kStages * kStageScaleBytes;  // full[kStages], empty[kStages]
   // + the slack that aligns the dynamic base to the 1 KB swizzle atom
   static constexpr int kSmemBytes = kBarrierOffset + kPlan.barrier_bytes + budget::kSwizzledAlign;
 
   static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kBlockM <= kMaxTokensPerBlock);
+  static_assert(!kNarrow || kMTiles <= kMaxMmaSyncMTiles, "narrow CTAs run the mma.sync tiles");
   static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
-  static_assert(kStageScaleBytes == kStageZerosOffset + kMaxGroupsPerAtom * kBlockRows * kZeroBytes);
+  static_assert(kStageScaleBytes == kStageZerosOffset + kStageGroups * kBlockRows * kZeroBytes);
+  static_assert(kStageWeightBytes == kBlockRows / kAtomRows * kRowBlockBytes && kStageXBytes == kStageAtoms * kAtomXBytes);
   static_assert(kSmemBytes == kPlan.total_bytes, "the layout is the plan");
   static_assert(kXRingOffset % budget::kSwizzledAlign == 0 && kStageXBytes % budget::kSwizzledAlign == 0,
                 "every X stage starts a 128-byte-swizzle atom (8 rows x 128 B): the wgmma descriptor's base");
@@ -310,12 +317,12 @@ __device__ __forceinline__ int GroupOfAtom(int atom, int group_shift) {
 // kZeroPoints: zero points given (AWQ); else symmetric, z = 8. A template parameter, not a runtime flag: a
 // symmetric kernel's promotions carry no zero-point loads and conversions (a third of a raw-code promotion's
 // instructions). Session 13, same process: 1 x 28672 x 8192 39.1 -> 37.3-37.7 us, 16 tokens 49.4 -> 46.6.
-template <typename T, int kMTiles, bool kZeroPoints>
-__global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
+template <typename T, int kMTiles, bool kZeroPoints, bool kNarrow>
+__global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<kMTiles, kNarrow>::kCtasPerSm)
     W4a16GemmKernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x,
                     const __grid_constant__ CUtensorMap tm_scales, const __grid_constant__ CUtensorMap tm_zeros,
                     const __grid_constant__ KernelParams p) {
-  using Cfg = Config<kMTiles>;
+  using Cfg = Config<kMTiles, kNarrow>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kTiles = Cfg::kTilesPerWarp;
   // Up to 16 tokens mma.sync (see Orientation), beyond wgmma; bf16 on mma.sync: raw codes and column sums
@@ -327,7 +334,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
-  const int launched_warps = blockDim.x / 32;  // whole warpgroups: W4a16Threads(p.warps)
+  const int launched_warps = blockDim.x / 32;  // W4a16LaunchThreads
+  // Wide: warp w owns rows w (past p.warps: none) and every atom. Narrow: every warp but the last (the
+  // producer's) owns the CTA's rows and is a k-lane, which computes the stages k_lane, k_lane + k_lanes, ...
+  const int row_warp = kNarrow ? 0 : warp;
+  const int k_lane = kNarrow ? warp : 0;
+  const int k_lanes = kNarrow ? launched_warps - 1 : 1;
   const int block_rows = p.warps * Cfg::kWarpRows;
   const int tile = blockIdx.x / p.splits;
   const int split = blockIdx.x % p.splits;
@@ -341,7 +353,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   // m16 tiles of this warp inside N: 0 or a multiple of 2 (N % 32 == 0). Tiles past N arrive as the TMA's
   // zeros and are never stored.
   const int warp_tiles =
-      warp < p.warps ? max(0, min(kTiles, (p.n - n0 - warp * Cfg::kWarpRows) / kAtomRows)) : 0;
+      row_warp < p.warps ? max(0, min(kTiles, (p.n - n0 - row_warp * Cfg::kWarpRows) / kAtomRows)) : 0;
   const bool warp_active = warp_tiles > 0;
   const bool group32 = p.group_shift == 5;                // two groups per atom
   const int group_mask = (1 << p.group_shift) - 1;
@@ -360,22 +372,27 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   auto full_barrier = [&](int slot) { return full_barriers + slot * static_cast<uint32_t>(budget::kMbarrierBytes); };
   auto empty_barrier = [&](int slot) { return empty_barriers + slot * static_cast<uint32_t>(budget::kMbarrierBytes); };
 
-  // ---- main ring: one producer thread, lane 0 of the last warp (an idle warp when the plan has one).
-  // Per stage three or four TMA boxes: the weights of every row-owning warp's tiles (row blocks n0 / 16 ..,
-  // contiguous, in the order warp x tiles + t, L2::evict_first: read exactly once), the X tile (rows
-  // past M arrive as zeros, so their MMA columns stay finite), and the scales (and zero points) of the
-  // atom's groups for the CTA's rows (a 128-wide group's are loaded by both of its atoms: L2 hits).
+  // ---- main ring: one producer thread, lane 0 of the last warp (wide: an idle warp when the plan has one;
+  // narrow: the producer warp). Per stage three or four TMA boxes: the weights of every row-owning warp's
+  // tiles for the stage's atoms (row blocks n0 / 16 .., contiguous, in the order warp x tiles + t,
+  // L2::evict_first: read exactly once), the X tile (rows past M arrive as zeros, so their MMA columns stay
+  // finite; narrow: one per atom, a 3-D box), and the scales (and zero points) of the stage's groups for the
+  // CTA's rows (a 128-wide group's are loaded by both of its atoms in the wide ring: L2 hits).
   const bool producer = tid == (launched_warps - 1) * 32;
   const uint64_t evict_first = ptx::L2EvictFirstPolicy();
-  auto issue_stage = [&](int i, int slot) {
-    const int atom = atom_begin + i;
+  auto issue_stage = [&](int stage, int slot) {
+    const int atom = atom_begin + stage * Cfg::kStageAtoms;
     const uint32_t full = full_barrier(slot);
     const uint32_t scale_stage = smem_base + Cfg::kScaleRingOffset + slot * Cfg::kStageScaleBytes;
     const int group = GroupOfAtom(atom, p.group_shift);
     tma::MbarArriveExpectTx(full, p.stage_tx_bytes);
     tma::TmaLoad2dHint(tm_w, weight_ring + slot * Cfg::kStageWeightBytes, full, atom * (kAtomBytes / 8),
                        n0 / kAtomRows, evict_first);
-    tma::TmaLoad2d(tm_x, x_ring + slot * Cfg::kStageXBytes, full, atom * kAtomCols, m0);
+    if constexpr (kNarrow) {
+      tma::TmaLoad3dHint(tm_x, x_ring + slot * Cfg::kStageXBytes, full, 0, m0, atom, ptx::L2EvictNormalPolicy());
+    } else {
+      tma::TmaLoad2d(tm_x, x_ring + slot * Cfg::kStageXBytes, full, atom * kAtomCols, m0);
+    }
     tma::TmaLoad2d(tm_scales, scale_stage, full, n0 / 2, group);
     if (kZeroPoints) tma::TmaLoad2d(tm_zeros, scale_stage + Cfg::kStageZerosOffset, full, n0 / 4, group);
   };
@@ -383,7 +400,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::MbarInit(full_barrier(s), 1);                // the producer's arrive.expect_tx, then the bytes
-      tma::MbarInit(empty_barrier(s), launched_warps);  // one arrival per warp once its reads are done
+      tma::MbarInit(empty_barrier(s), kNarrow ? 1 : launched_warps);  // an arrival per warp that reads it
     }
     tma::FenceMbarInit();
   }
@@ -394,7 +411,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     if (kZeroPoints) tma::TmaPrefetch(tm_zeros);
   }
   __syncthreads();  // the barriers are initialized
-  if (producer) {
+  if (!kNarrow && producer) {
     for (int i = 0; i < kStages - 1 && i < num_atoms; ++i) issue_stage(i, i);
   }
 
@@ -413,7 +430,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
   }
   uint32_t sub[kTiles][2] = {};  // −(magic + z) of the current group, rows g and g + 8 of each tile
   float sums[kMTiles][4] = {};   // raw codes: column-sum MMA accumulators since the last promotion
-  const int row_in_block = warp * Cfg::kWarpRows + lane / 4;  // row g of tile 0; tile t adds 16 t, g + 8 adds 8
+  const int row_in_block = row_warp * Cfg::kWarpRows + lane / 4;  // row g of tile 0; tile t adds 16 t, g + 8 adds 8
   uint32_t fresh_partial = 1;  // wgmma: the next wgmmas start the partials (scale-d = 0) instead of adding
   // mma.sync: ldmatrix.x4 of a token tile over 32 k (k16 steps 2h, 2h + 1): lanes 8q..8q+7 give its
   // token rows 0..7 at 16-byte chunk 4h + q of the swizzled row (token tile mt: 8 rows, 1 KB, further).
@@ -421,34 +438,62 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
       static_cast<uint32_t>((lane % 8) * kXRowBytes + (((lane / 8) ^ (lane % 8)) << 4)),
       static_cast<uint32_t>((lane % 8) * kXRowBytes + (((4 + lane / 8) ^ (lane % 8)) << 4))};
 
-  // Atom i is computed while the TMA boxes of the next kStages - 1 are in flight. Before computing atom
-  // i the producer refills the slot of atom i - 1 once every warp has released it (its empty barrier).
-  int slot = 0;             // slot of atom i
-  uint32_t full_phase = 0;  // parity of the slot's full barrier for atom i: flips when the slot wraps
-  for (int i = 0; i < num_atoms; ++i) {
-    if (producer && i + kStages - 1 < num_atoms) {
-      const int refill = i + kStages - 1;  // its slot last held atom refill - kStages = i - 1
-      if (i > 0) tma::MbarWait(empty_barrier(refill % kStages), (refill / kStages - 1) & 1);
-      issue_stage(refill, refill % kStages);
+  // Wide: atom i is computed while the TMA boxes of the next kStages - 1 are in flight; before computing
+  // atom i the producer refills the slot of atom i - 1 once every warp has released it (its empty barrier).
+  // Narrow: the producer warp fills stage s into slot s % kStages once k-lane (s - kStages) % k_lanes has
+  // released it; k-lane l computes the atoms of stages l, l + k_lanes, ...
+  const int num_stages = (num_atoms + Cfg::kStageAtoms - 1) / Cfg::kStageAtoms;
+  if (kNarrow && warp == k_lanes) {
+    if (lane == 0) {
+      for (int stage = 0; stage < num_stages; ++stage) {
+        if (stage >= kStages) tma::MbarWait(empty_barrier(stage % kStages), (stage / kStages - 1) & 1);
+        issue_stage(stage, stage % kStages);
+      }
     }
+  }
+  const int first_atom = kNarrow && warp == k_lanes ? num_atoms : k_lane * Cfg::kStageAtoms;
+  auto next_atom = [&](int i) {
+    return !kNarrow || (i + 1) % Cfg::kStageAtoms != 0 ? i + 1 : i + 1 + (k_lanes - 1) * Cfg::kStageAtoms;
+  };
+  int slot = 0;             // wide: slot of atom i
+  uint32_t full_phase = 0;  // wide: parity of the slot's full barrier for atom i (flips when the slot wraps)
+  for (int i = first_atom; i < num_atoms; i = next_atom(i)) {
     const int atom = atom_begin + i;
-    tma::MbarWait(full_barrier(slot), full_phase);  // atom i's stage (weights, X, scales) landed
-    const int atom_slot = slot;
-    slot = slot + 1 == kStages ? 0 : slot + 1;
-    full_phase ^= slot == 0;
+    const int stage_atom = kNarrow ? i % Cfg::kStageAtoms : 0;  // the atom's place in its stage
+    int atom_slot;
+    if constexpr (kNarrow) {
+      const int stage = i / Cfg::kStageAtoms;
+      atom_slot = stage % kStages;
+      if (stage_atom == 0) tma::MbarWait(full_barrier(atom_slot), (stage / kStages) & 1);  // the stage landed
+    } else {
+      if (producer && i + kStages - 1 < num_atoms) {
+        const int refill = i + kStages - 1;  // its slot last held atom refill - kStages = i - 1
+        if (i > 0) tma::MbarWait(empty_barrier(refill % kStages), (refill / kStages - 1) & 1);
+        issue_stage(refill, refill % kStages);
+      }
+      tma::MbarWait(full_barrier(slot), full_phase);  // atom i's stage (weights, X, scales) landed
+      atom_slot = slot;
+      slot = slot + 1 == kStages ? 0 : slot + 1;
+      full_phase ^= slot == 0;
+    }
 
-    const bool atom_starts_group = i == 0 || ((atom * kAtomCols) & group_mask) == 0;
-    const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 || atom + 1 == atom_end;
+    const bool atom_starts_group = i == first_atom || ((atom * kAtomCols) & group_mask) == 0;
+    const bool atom_ends_partial =
+        (((atom + 1) * kAtomCols) & promotion_mask) == 0 || (kNarrow ? next_atom(i) >= num_atoms : atom + 1 == atom_end);
     // This lane's rows g of the atom's first group: scales, zero points (row g + 8 is 8 entries on, tile t 16 t)
+    // (the stage's groups are in the order of its atoms)
+    const int atom_group_rows =
+        (GroupOfAtom(atom, p.group_shift) - GroupOfAtom(atom - stage_atom, p.group_shift)) * block_rows;
     const uint8_t* scale_stage = scale_ring + atom_slot * Cfg::kStageScaleBytes;
-    const uint16_t* row_scales = reinterpret_cast<const uint16_t*>(scale_stage) + row_in_block;
-    const uint8_t* row_zeros = scale_stage + Cfg::kStageZerosOffset + row_in_block;
-    const uint32_t weight_addr = weight_ring + atom_slot * Cfg::kStageWeightBytes + (warp * kTiles * 32 + lane) * 16;
+    const uint16_t* row_scales = reinterpret_cast<const uint16_t*>(scale_stage) + atom_group_rows + row_in_block;
+    const uint8_t* row_zeros = scale_stage + Cfg::kStageZerosOffset + atom_group_rows + row_in_block;
+    const uint32_t weight_addr = weight_ring + atom_slot * Cfg::kStageWeightBytes + stage_atom * kAtomBytes +
+                                 (row_warp * kTiles * (Cfg::kRowBlockBytes / 16) + lane) * 16;
     uint4 words[kTiles];
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) words[t] = LoadShared128(weight_addr + t * kAtomBytes);
+    for (int t = 0; t < kTiles; ++t) words[t] = LoadShared128(weight_addr + t * Cfg::kRowBlockBytes);
     // B = the atom's X tile, K-major with the 128-byte swizzle; k16 step j starts 32 bytes into each row.
-    const uint32_t x_stage = x_ring + atom_slot * Cfg::kStageXBytes;
+    const uint32_t x_stage = x_ring + atom_slot * Cfg::kStageXBytes + stage_atom * Cfg::kAtomXBytes;
     const uint64_t x_desc = MakeSmemDesc(x_stage, 16, 8 * kXRowBytes, kSwizzle128B);
     uint32_t xk32[kMTiles][4];  // mma.sync: the B fragments of k16 steps j and j + 1 (j even), per token tile
 
@@ -537,7 +582,36 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
       }
     }
     __syncwarp();  // every lane's reads of the slot are done
-    if (lane == 0) tma::MbarArrive(empty_barrier(atom_slot));
+    const bool stage_read = !kNarrow || stage_atom == Cfg::kStageAtoms - 1 || i + 1 == num_atoms;
+    if (lane == 0 && stage_read) tma::MbarArrive(empty_barrier(atom_slot));
+  }
+
+  // ---- narrow: the k-lanes' accumulators, added in lane order through shared memory (the ring's bytes:
+  // every stage has been issued, and waited for by its k-lane)
+  if constexpr (kNarrow) {
+    constexpr int kVecs = kTiles * kFrag / 4;
+    float4* lane_sums = reinterpret_cast<float4*>(smem);
+    __syncthreads();
+    if (k_lane > 0 && k_lane < k_lanes) {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        const float* a = &acc[v / (kFrag / 4)][4 * (v % (kFrag / 4))];
+        lane_sums[((k_lane - 1) * kVecs + v) * 32 + lane] = make_float4(a[0], a[1], a[2], a[3]);
+      }
+    }
+    __syncthreads();
+    if (k_lane > 0) return;  // and the producer warp
+    for (int l = 1; l < k_lanes; ++l) {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        const float4 s = lane_sums[((l - 1) * kVecs + v) * 32 + lane];
+        float* a = &acc[v / (kFrag / 4)][4 * (v % (kFrag / 4))];
+        a[0] += s.x;
+        a[1] += s.y;
+        a[2] += s.z;
+        a[3] += s.w;
+      }
+    }
   }
 
   // ---- split-K: fragment-order partials, the last CTA of the tile sums them in split order
@@ -551,7 +625,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Config<kMTiles>::kCtasPerSm)
     const size_t slot_float4s = static_cast<size_t>(p.warps) * kTiles * kMTiles * live_lanes;
     float4* tile_partials =
         p.partials + static_cast<size_t>(m_block * p.n_tiles + tile) * p.splits * slot_float4s;
-    const int fragment = warp * kTiles * kMTiles * live_lanes + (lane / 4) * live_quads + lane % 4;
+    const int fragment = row_warp * kTiles * kMTiles * live_lanes + (lane / 4) * live_quads + lane % 4;
     if (warp_active && lane_live) {
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
@@ -647,24 +721,26 @@ int Log2(int64_t power_of_two) {
 }
 
 // x: the activations or their act-order gather (m, k); the weights, scales and zeros in their kernel layouts.
-template <typename T, int kMTiles>
+template <typename T, int kMTiles, bool kNarrow>
 cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void* x, const GemmArgs& args,
                         cudaStream_t stream) {
-  using Cfg = Config<kMTiles>;
-  auto* kernel = args.zeros != nullptr ? &W4a16GemmKernel<T, kMTiles, true> : &W4a16GemmKernel<T, kMTiles, false>;
+  using Cfg = Config<kMTiles, kNarrow>;
+  auto* kernel = args.zeros != nullptr ? &W4a16GemmKernel<T, kMTiles, true, kNarrow>
+                                       : &W4a16GemmKernel<T, kMTiles, false, kNarrow>;
   constexpr int kSmem = Cfg::kSmemBytes;
   const uint64_t m = params.m, n = params.n, k = params.k, row_blocks = n / kAtomRows;
   const uint64_t groups = k / args.group_size;
   const uint64_t row_block_words = uint64_t(params.atoms) * kAtomBytes / 8;  // row block nb at nb x atoms x 512 B
   const uint32_t block_rows = plan.warps * Cfg::kWarpRows;
-  const uint32_t groups_per_atom = args.group_size == 32 ? 2 : 1;
+  const uint32_t stage_cols = Cfg::kStageAtoms * kAtomCols;
+  const uint32_t groups_per_stage = std::max<uint32_t>(1, stage_cols / static_cast<uint32_t>(args.group_size));
   // A stage's boxes (in their maps' elements: u64, u16, u32, u32). Their bytes are what a stage's full barrier
   // expects, and each must fit its slot of the stage (a short count would hang the ring, a long box overwrite
-  // the next slot).
-  const uint32_t weight_box[2] = {kAtomBytes / 8, block_rows / kAtomRows};
-  const uint32_t x_box[2] = {kAtomCols, Cfg::kBlockM};
-  const uint32_t scale_box[2] = {block_rows / 2, groups_per_atom};
-  const uint32_t zero_box[2] = {block_rows / 4, groups_per_atom};
+  // the next slot). Narrow, X is (k % 64, m, k / 64): one box holds the stage's atoms one after another.
+  const uint32_t weight_box[2] = {Cfg::kStageAtoms * kAtomBytes / 8, block_rows / kAtomRows};
+  const uint32_t x_box[3] = {kAtomCols, Cfg::kBlockM, Cfg::kStageAtoms};
+  const uint32_t scale_box[2] = {block_rows / 2, groups_per_stage};
+  const uint32_t zero_box[2] = {block_rows / 4, groups_per_stage};
   const uint32_t weight_bytes = tma::BoxBytes(weight_box, 8), x_bytes = tma::BoxBytes(x_box, 2);
   const uint32_t scale_bytes = tma::BoxBytes(scale_box, 4);
   const uint32_t zero_bytes = args.zeros != nullptr ? tma::BoxBytes(zero_box, 4) : 0;
@@ -678,8 +754,10 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
   bool encoded =
       tma::EncodeTiled<2>(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT64, args.qweight, {row_block_words, row_blocks},
                           {row_block_words * 8}, weight_box, none) &&
-      tma::EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {k, m}, {k * sizeof(T)}, x_box,
-                          CU_TENSOR_MAP_SWIZZLE_128B) &&
+      (kNarrow ? tma::EncodeTiled<3>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {kAtomCols, m, k / kAtomCols},
+                                     {k * sizeof(T), kAtomCols * sizeof(T)}, x_box, CU_TENSOR_MAP_SWIZZLE_128B)
+               : tma::EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {k, m}, {k * sizeof(T)},
+                                     {x_box[0], x_box[1]}, CU_TENSOR_MAP_SWIZZLE_128B)) &&
       tma::EncodeTiled<2>(&tm_scales, CU_TENSOR_MAP_DATA_TYPE_UINT32, args.scales, {n / 2, groups}, {n * kScaleBytes},
                           scale_box, none);
   if (args.zeros != nullptr) {
@@ -693,7 +771,7 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
     return status;
   }
   const dim3 grid(plan.n_tiles * plan.splits, plan.m_blocks);
-  kernel<<<grid, W4a16Threads(plan.warps), kSmem, stream>>>(tm_w, tm_x, tm_scales, tm_zeros, params);
+  kernel<<<grid, W4a16LaunchThreads(plan), kSmem, stream>>>(tm_w, tm_x, tm_scales, tm_zeros, params);
   return cudaGetLastError();
 }
 
@@ -730,10 +808,12 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
   params.n_tiles = plan.n_tiles;
   params.splits = plan.splits;
   switch (plan.m_tiles) {
-    case 1: return LaunchTyped<T, 1>(params, plan, x, args, stream);
-    case 2: return LaunchTyped<T, 2>(params, plan, x, args, stream);
-    case 4: return LaunchTyped<T, 4>(params, plan, x, args, stream);
-    default: return LaunchTyped<T, 8>(params, plan, x, args, stream);
+    case 1: return plan.narrow ? LaunchTyped<T, 1, true>(params, plan, x, args, stream)
+                               : LaunchTyped<T, 1, false>(params, plan, x, args, stream);
+    case 2: return plan.narrow ? LaunchTyped<T, 2, true>(params, plan, x, args, stream)
+                               : LaunchTyped<T, 2, false>(params, plan, x, args, stream);
+    case 4: return LaunchTyped<T, 4, false>(params, plan, x, args, stream);
+    default: return LaunchTyped<T, 8, false>(params, plan, x, args, stream);
   }
 }
 

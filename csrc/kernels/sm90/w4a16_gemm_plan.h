@@ -45,16 +45,31 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }
 constexpr int TilesPerWarp(int m_tiles) { return m_tiles <= kMaxMmaSyncMTiles ? 4 : 2; }
 constexpr int WarpRows(int m_tiles) { return TilesPerWarp(m_tiles) * kAtomRows; }
 
+// Narrow CTAs (mma.sync token tiles only): one CTA per SM owns one warp's rows (64) and the whole of K,
+// split over up to kMaxNarrowLanes warps ("k-lanes") that take turns on the ring's stages of
+// kNarrowStageAtoms atoms and add their accumulators through shared memory at the end: no split-K partials,
+// no arrival counter, no second CTA per SM. A dedicated producer warp fills the ring. Session 15
+// (benchmarks/NOTES.md): a split-K launch spent ~3 us in the partials' round trips (1 x 128 x 512 in 2
+// splits 5.4 us, 1 x 32 x 64 unsplit 2.5 us), the two CTAs on an SM streamed unevenly (1 x 28672 x 8192:
+// 22.8 and 30.1 us for the same bytes), and one-atom stages of 64 rows (2 KB) were bound by their TMA
+// issue (~200 ns a stage: 1 x 8192 x 28672 took 96 us).
+inline constexpr int kMaxNarrowLanes = 8;
+inline constexpr int kNarrowStageAtoms = 4;              // 8 KB of weights a stage: one TMA box each
+inline constexpr int kMaxNarrowStages = 32;
+
 struct W4a16Plan {
   int m_tiles;          // n8 tiles of tokens
   int block_m;          // tokens per CTA
+  bool narrow;           // one row warp, K split over k-lanes (see kMaxNarrowLanes)
   int ctas_per_sm;
+  int max_warps;        // warps a CTA may launch (the kernel's launch bound)
+  int stage_atoms;      // 64-wide K atoms per stage: 1, narrow kNarrowStageAtoms
   int tiles_per_warp;   // m16 tiles of W per warp
-  int block_rows;       // rows of W per CTA at most (kMaxWarps warps; the launcher may pick fewer)
+  int block_rows;       // rows of W per CTA at most (kMaxWarps row warps, narrow: one; the launcher may pick fewer)
   int stages;
   int stage_weight_bytes;
   int stage_x_bytes;
-  int stage_scale_bytes;  // scales and zero points of kMaxGroupsPerAtom groups of block_rows rows
+  int stage_scale_bytes;  // scales and zero points of stage_atoms x kMaxGroupsPerAtom groups of block_rows rows
   int stage_bytes;
   int ring_bytes;
   int barrier_bytes;    // a full and an empty mbarrier per stage
@@ -66,23 +81,28 @@ struct W4a16Plan {
   }
 };
 
-// The deepest ring (up to kMaxStages) that lets CtasPerSm(m_tiles) CTAs share the SM.
-constexpr W4a16Plan SolveW4a16Plan(int m_tiles) {
+// The deepest ring (up to kMaxStages, narrow: kMaxNarrowStages) that lets the plan's CTAs share the SM.
+constexpr W4a16Plan SolveW4a16Plan(int m_tiles, bool narrow = false) {
   W4a16Plan p{};
+  const int row_warps = narrow ? 1 : kMaxWarps;
   p.m_tiles = m_tiles;
   p.block_m = 8 * m_tiles;
-  p.ctas_per_sm = CtasPerSm(m_tiles);
+  p.narrow = narrow;
+  p.ctas_per_sm = narrow ? 1 : CtasPerSm(m_tiles);
+  p.max_warps = narrow ? kMaxNarrowLanes + 1 : kMaxWarps;
+  p.stage_atoms = narrow ? kNarrowStageAtoms : 1;
   p.tiles_per_warp = TilesPerWarp(m_tiles);
-  p.block_rows = kMaxWarps * WarpRows(m_tiles);
-  p.stage_weight_bytes = kMaxWarps * p.tiles_per_warp * kAtomBytes;
-  p.stage_x_bytes = p.block_m * kXRowBytes;
-  p.stage_scale_bytes = kMaxGroupsPerAtom * p.block_rows * (kScaleBytes + kZeroBytes);
+  p.block_rows = row_warps * WarpRows(m_tiles);
+  p.stage_weight_bytes = p.stage_atoms * row_warps * p.tiles_per_warp * kAtomBytes;
+  p.stage_x_bytes = p.stage_atoms * p.block_m * kXRowBytes;
+  p.stage_scale_bytes = p.stage_atoms * kMaxGroupsPerAtom * p.block_rows * (kScaleBytes + kZeroBytes);
   p.stage_bytes = p.stage_weight_bytes + p.stage_x_bytes + p.stage_scale_bytes;
   const int per_cta = static_cast<int>(budget::kSmemPerSmSm90 / p.ctas_per_sm - budget::kSmemReservedPerCtaSm90);
   const int fixed = static_cast<int>(budget::kSwizzledAlign);
   const int stage_barrier_bytes = static_cast<int>(2 * budget::kMbarrierBytes);
   const int fit = (per_cta - fixed) / (p.stage_bytes + stage_barrier_bytes);
-  p.stages = fit < kMaxStages ? fit : kMaxStages;
+  const int max_stages = narrow ? kMaxNarrowStages : kMaxStages;
+  p.stages = fit < max_stages ? fit : max_stages;
   p.ring_bytes = p.stages * p.stage_bytes;
   p.barrier_bytes = p.stages * stage_barrier_bytes;
   p.total_bytes = p.ring_bytes + p.barrier_bytes + fixed;
@@ -120,9 +140,11 @@ struct W4a16Problem {
 struct W4a16Launch {
   int m_tiles;   // n8 token tiles per CTA: 1, 2, 4 or 8
   int m_blocks;  // CTAs along the tokens
-  int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (W4a16Threads launches whole warpgroups)
+  int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (W4a16Threads launches whole warpgroups); narrow: 1
   int n_tiles;
   int splits;    // split-K factor
+  bool narrow;   // narrow CTAs (SolveW4a16Plan(m_tiles, true)): k_lanes warps share one warp's rows
+  int k_lanes;   // 1, or a narrow CTA's computing warps
 };
 
 struct W4a16Workspace {
@@ -145,6 +167,26 @@ constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // (skipping their work behind a branch, and launching only the row-owning warps for mma.sync, measured
 // slower in session 10: benchmarks/NOTES.md).
 constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4)) * 128; }
+
+// Narrow or wide: the planner's time model (us), fit to session 15's measurements on the H200 (JAX-level, M = 1
+// and 16). A wide launch streams all the weights at kWideBytesPerUs and pays kSplitUs when it splits K (the
+// partials' stores, fence, arrival and the last CTA's loads); a narrow CTA streams its 64 rows at
+// kNarrowBytesPerUsPerSm, and a narrow launch pays kNarrowUs plus kNarrowUsPerCta a CTA more than an unsplit
+// wide one; a narrow grid must fit one wave. Measured: 1 x 28672 x 8192 streamed 121 MB in ~32 us of a
+// 37.5 us call; 1 x 128 x 512 split in two took 5.4 us, 1 x 32 x 64 unsplit 2.5; narrow, 1 x 8192 x 28672
+// took 47.6 us (wide 36.7), 1 x 1024² 4.3 (wide 5.6), 16 x 1024² 4.7 (wide 7.3), and at K = 1024 one token
+// took 4.4 / 5.5 / 7.1 us on 32 / 64 / 132 CTAs. So narrow CTAs serve the small layers (K up to ~1.5K).
+inline constexpr double kWideBytesPerUs = 3.8e6;
+inline constexpr double kNarrowBytesPerUsPerSm = 2.0e4;
+inline constexpr double kSplitUs = 3.0;
+inline constexpr double kNarrowUs = 0.3;
+inline constexpr double kNarrowUsPerCta = 0.027;
+
+// A narrow CTA's k-lanes: as many as leave two stages of the ring to every lane, and no more than K's stages.
+constexpr int NarrowKLanes(int stages, int64_t atoms) {
+  const int64_t lanes = std::min<int64_t>({kMaxNarrowLanes, stages / 2, CeilDiv(atoms, kNarrowStageAtoms)});
+  return static_cast<int>(std::max<int64_t>(1, lanes));
+}
 
 // One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
 // largest CTA's bytes over its share of the SM's bandwidth, and an SM with fewer than
@@ -182,7 +224,27 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       plan.splits = static_cast<int>(splits);
     }
   }
+  plan.k_lanes = 1;
+  if (plan.m_tiles <= kMaxMmaSyncMTiles) {
+    const int64_t narrow_tiles = CeilDiv(p.n, WarpRows(plan.m_tiles));
+    const double narrow_us = WarpRows(plan.m_tiles) * static_cast<double>(p.k) / 2 / kNarrowBytesPerUsPerSm +
+                             kNarrowUs + kNarrowUsPerCta * static_cast<double>(narrow_tiles * plan.m_blocks);
+    const double wide_us = static_cast<double>(p.n) * static_cast<double>(p.k) / 2 / kWideBytesPerUs +
+                           (plan.splits > 1 ? kSplitUs : 0.0);
+    if (narrow_tiles * plan.m_blocks <= num_sms && narrow_us < wide_us) {
+      plan.narrow = true;
+      plan.warps = 1;
+      plan.n_tiles = static_cast<int>(narrow_tiles);
+      plan.splits = 1;
+      plan.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, true).stages, atoms);
+    }
+  }
   return plan;
+}
+
+// Threads of a launch: whole warpgroups of its row warps; narrow, its k-lanes and the producer warp.
+constexpr int W4a16LaunchThreads(const W4a16Launch& plan) {
+  return plan.narrow ? (plan.k_lanes + 1) * 32 : W4a16Threads(plan.warps);
 }
 
 // Split-K fragment-order partials, then the act-order gather of X (bf16/fp16). The split-K arrival

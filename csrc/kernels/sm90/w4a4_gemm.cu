@@ -455,15 +455,6 @@ __device__ __forceinline__ void TmaLoad2dMulticast(const CUtensorMap& map, uint3
       : "memory");
 }
 
-__device__ __forceinline__ void TmaLoad3d(const CUtensorMap& map, uint32_t dst, uint32_t bar, int c0, int c1, int c2,
-                                          uint64_t l2_policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
-      "l"(MapAddr(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(l2_policy)
-      : "memory");
-}
-
 // L2 policies for the weight stream: evict-first when every weight is read once (one token tile), so the
 // stream does not push the scales, activations and outputs out of L2; normal when other token tiles re-read it.
 __device__ __forceinline__ uint64_t WeightL2Policy(bool read_once) {
@@ -782,7 +773,7 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
         MbarArriveExpectTx(full, tx);
         if (tile.valid) {
           // Prepacked (k/64 blocks of 2048 B) x (n/64): box (2048 B, 2 groups, 2 warpgroups).
-          TmaLoad3d(tm_w, smem + L::kWeights + s * L::Stride(kObjWeights), full, 0, 2 * ks, tile.n0 / 64,
+          tma::TmaLoad3dHint(tm_w, smem + L::kWeights + s * L::Stride(kObjWeights), full, 0, 2 * ks, tile.n0 / 64,
                     weight_policy);
           // Stage-major scales: the tile's [column][group 0, group 1] rows of stage ks are contiguous.
           BulkLoad(smem + L::kWeightScales + s * L::Stride(kObjWeightScales),
