@@ -41,8 +41,14 @@
 // 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to the workspace in MMA
 // fragment order; the last CTA of a tile to arrive (an arrival counter of common/arrival_counters.h, which
 // re-arms itself: no memset) sums them in split order — deterministic, no host sync, CUDA-graph safe.
+// Narrow CTAs (small layers up to 16 tokens, picked by the planner's time model in w4a16_gemm_plan.h: a
+// split costs ~3 us of round trips, which a small layer's stream does not hide): one CTA per SM owns one
+// warp's 64 rows and all of K. Roles: k-lanes (up to 8 warps, the same rows, each computing every k_lanes-th
+// stage of 4 atoms) and a producer warp; at the end the lanes' accumulators are added in lane order through
+// shared memory (deterministic), and k-lane 0 stores. No workspace, no arrival counter.
 //
-// Pipelines (the warps compute; one thread also produces; no __syncthreads in the loop):
+// Pipelines (wide: the warps compute, one thread also produces; narrow: a producer warp; no __syncthreads
+// in the loop):
 //  * main ring, kStages deep, one stage = one 64-wide K atom (kStages - 1 atoms in flight while one is
 //    computed), filled by TMA: the producer (lane 0 of the last warp) issues per stage the weights of all
 //    the CTA's m16 tiles (16 rows x 64 k each in fragment order, contiguous row blocks: one box,
@@ -72,7 +78,9 @@
 //   kStages x (weights of one atom + M_tile x 128 B of X + 2 groups x rows x 3 B of scales and zero
 //   points + 16 B of mbarriers) + 1 KB to align the base to the swizzle atom
 //   = 103504 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 108624 B (16: 8 warps x 4 tiles,
-//     5 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM).
+//     5 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM);
+//   narrow (stages of 4 atoms of 64 rows, 1 CTA/SM): 222464 B (M_tile 8: 16 stages of 13824 B),
+//     216256 B (16: 12 stages of 17920 B); the lanes' sums reuse the ring.
 //
 // Measured limits (benchmarks/NOTES.md, session 11): the ring alone (every warp releases each stage
 // unread) streams 1 x 28672 x 8192 in 32.1 us (3.78 TB/s) and 8192² in 14.4 us; with the arithmetic
