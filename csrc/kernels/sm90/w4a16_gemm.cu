@@ -145,7 +145,8 @@ struct Config {
   static_assert(!kNarrow || kMTiles <= kMaxMmaSyncMTiles, "narrow CTAs run the mma.sync tiles");
   static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
   static_assert(kStageScaleBytes == kStageZerosOffset + kStageGroups * kBlockRows * kZeroBytes);
-  static_assert(kStageWeightBytes == kBlockRows / kAtomRows * kRowBlockBytes && kStageXBytes == kStageAtoms * kAtomXBytes);
+  static_assert(kStageWeightBytes == kBlockRows / kAtomRows * kRowBlockBytes);
+  static_assert(kStageXBytes == kStageAtoms * kAtomXBytes);
   static_assert(kSmemBytes == kPlan.total_bytes, "the layout is the plan");
   static_assert(kXRingOffset % budget::kSwizzledAlign == 0 && kStageXBytes % budget::kSwizzledAlign == 0,
                 "every X stage starts a 128-byte-swizzle atom (8 rows x 128 B): the wgmma descriptor's base");
@@ -486,8 +487,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
     }
 
     const bool atom_starts_group = i == first_atom || ((atom * kAtomCols) & group_mask) == 0;
-    const bool atom_ends_partial =
-        (((atom + 1) * kAtomCols) & promotion_mask) == 0 || (kNarrow ? next_atom(i) >= num_atoms : atom + 1 == atom_end);
+    const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 ||
+                                   (kNarrow ? next_atom(i) >= num_atoms : atom + 1 == atom_end);
     // This lane's rows g of the atom's first group: scales, zero points (row g + 8 is 8 entries on, tile t 16 t)
     // (the stage's groups are in the order of its atoms)
     const int atom_group_rows =
