@@ -281,22 +281,26 @@ def test_table_lists_w4a16_plans():
 
 def test_w4a16_narrow_ctas_serve_small_layers():
     """The planner's model (w4a16_gemm_plan.h): a wide launch that splits K pays ~3 us for its partials, a
-    narrow CTA streams 64 rows at ~20 KB/us and a narrow launch pays ~0.03 us a CTA. So small layers (K up
-    to ~1.5K, up to ~2K rows) run narrow, unsplit, with a k-lane per 4-atom stage up to 8 and two stages of
-    the ring each; the benchmark shapes and every launch past 16 tokens run wide, and a narrow grid fits
-    one wave."""
+    narrow CTA streams its 64 rows and its tokens' X (at half a weight byte) at ~35 KB/us, and a narrow launch
+    pays ~0.03 us a CTA. So small layers run narrow, unsplit, with a k-lane per 4-atom stage up to 8 and two
+    stages of the ring each; so do 8192-row layers with long K at one or two tokens (their X is small),
+    while every launch past 16 tokens runs wide, and a narrow grid fits one wave."""
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)
     assert (small.narrow, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == (True, 9, 1, 1, 6, 7 * 32)
     assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 24, 1, True, 3, 4 * 32)  # 9 atoms: 3 stages
     assert plan(1, 1024, 1024).k_lanes == 4 and plan(1, 384, 4096) is not None
-    assert plan(1, 2048, 1024).narrow and not plan(1, 4096, 1024).narrow  # ~0.03 us a narrow CTA: 32 vs 64 CTAs
+    assert plan(1, 4096, 1024).narrow and not plan(1, 8192, 1024).narrow  # ~0.03 us a narrow CTA: 64 vs 128 CTAs
     one_wave = functools.partial(budget.w4a16_launch, 1, 1024, 1024, 64, act_order=False)  # 16 row tiles
     assert one_wave(num_sms=16).narrow and not one_wave(num_sms=15).narrow
     assert not plan(17, 576, 1536).narrow and plan(17, 576, 1536).m_tiles == 4
-    for n, k in ((28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096)):
-        for m in (1, 16):
-            assert not plan(m, n, k).narrow
+    benchmark_shapes = ((28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096))
+    assert [[plan(m, n, k).narrow for m in (1, 2, 4, 8, 16)] for n, k in benchmark_shapes] == [
+        [False] * 5,  # 448 row tiles: more than one wave
+        [True, True, True, False, False],
+        [True, True, False, False, False],
+        [False] * 5,
+    ]
     for m, n, k in ((1, 576, 1536), (16, 1536, 576)):  # no split-K partials; the act-order gather stays
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=False, num_sms=132) == 0
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=True, num_sms=132) == 256 * -(-2 * m * k // 256)
@@ -322,12 +326,15 @@ def test_w4a16_workspace_follows_the_launch_plan():
     assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32
     # Up to 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplits). 8192² (128
     # atoms): 32 column tiles of 4 warps x 4 m16 tiles in 8 splits, not 16 tiles of 8 warps in 16;
-    # 8192 x 28672 (448 atoms): 16 tiles of 8 warps in 16 splits of 28 atoms.
-    for m, m_tiles in ((1, 1), (16, 2)):
+    # 8192 x 28672 (448 atoms): 16 tiles of 8 warps in 16 splits of 28 atoms. At one token both run narrow:
+    # no partials.
+    for m, m_tiles in ((8, 1), (16, 2)):
         square = budget.w4a16_workspace_bytes(m, 8192, 8192, 128, act_order=False, num_sms=132)
         assert square == 16 * 32 * 8 * 4 * 4 * m_tiles * 32
         long_k = budget.w4a16_workspace_bytes(m, 8192, 28672, 128, act_order=False, num_sms=132)
         assert long_k == 16 * 16 * 16 * 8 * 4 * m_tiles * 32
+    for n, k in ((8192, 8192), (8192, 28672)):
+        assert budget.w4a16_workspace_bytes(1, n, k, 128, act_order=False, num_sms=132) == 0
     assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32
     assert budget.w4a16_workspace_bytes(0, 28672, 8192, 128, act_order=False, num_sms=132) == -1
 

@@ -504,6 +504,13 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
     // B = the atom's X tile, K-major with the 128-byte swizzle; k16 step j starts 32 bytes into each row.
     const uint32_t x_stage = x_ring + atom_slot * Cfg::kStageXBytes + stage_atom * Cfg::kAtomXBytes;
     const uint64_t x_desc = MakeSmemDesc(x_stage, 16, 8 * kXRowBytes, kSwizzle128B);
+    // Narrow: the stage's X box holds each atom's rows_m token rows one after another (no rows past M: TMA
+    // fills those slowly), so token t of the atom is row stage_atom * rows_m + t of the swizzled stage; lanes
+    // of a token past M read the last token's row (their MMA columns are never stored).
+    auto narrow_x_rows = [&](int mt, int h) {
+      const int row = stage_atom * rows_m + min(mt * 8 + lane % 8, rows_m - 1);
+      return x_ring + atom_slot * Cfg::kStageXBytes + row * kXRowBytes + (((4 * h + lane / 8) ^ (row % 8)) << 4);
+    };
     uint32_t xk32[kMTiles][4];  // mma.sync: the B fragments of k16 steps j and j + 1 (j even), per token tile
 
 #pragma unroll
@@ -538,7 +545,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           if (j % 2 == 0) {
-            ptx::LdMatrixX4(xk32[mt], x_stage + mt * 8 * kXRowBytes + x_lane_offset[j / 2]);
+            ptx::LdMatrixX4(xk32[mt], kNarrow ? narrow_x_rows(mt, j / 2) : x_stage + mt * 8 * kXRowBytes + x_lane_offset[j / 2]);
             if constexpr (kRawCodes) ptx::Mma16816<T>(sums[mt], xk32[mt], kOnesBf16, kOnesBf16);  // ColumnSums
           }
 #pragma unroll
@@ -747,7 +754,8 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
   // expects, and each must fit its slot of the stage (a short count would hang the ring, a long box overwrite
   // the next slot). Narrow, X is (k % 64, m, k / 64): one box holds the stage's atoms one after another.
   const uint32_t weight_box[2] = {Cfg::kStageAtoms * kAtomBytes / 8, block_rows / kAtomRows};
-  const uint32_t x_box[3] = {kAtomCols, Cfg::kBlockM, Cfg::kStageAtoms};
+  const uint32_t x_box[3] = {kAtomCols, static_cast<uint32_t>(kNarrow ? std::min<uint64_t>(m, Cfg::kBlockM) : Cfg::kBlockM),
+                             Cfg::kStageAtoms};
   const uint32_t scale_box[2] = {block_rows / 2, groups_per_stage};
   const uint32_t zero_box[2] = {block_rows / 4, groups_per_stage};
   const uint32_t weight_bytes = tma::BoxBytes(weight_box, 8), x_bytes = tma::BoxBytes(x_box, 2);

@@ -169,16 +169,18 @@ constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // slower in session 10: benchmarks/NOTES.md).
 constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4)) * 128; }
 
-// Narrow or wide: the planner's time model (us), fit to session 15's measurements on the H200 (JAX-level, M = 1
-// and 16). A wide launch streams all the weights at kWideBytesPerUs and pays kSplitUs when it splits K (the
-// partials' stores, fence, arrival and the last CTA's loads); a narrow CTA streams its 64 rows at
-// kNarrowBytesPerUsPerSm, and a narrow launch pays kNarrowUs plus kNarrowUsPerCta a CTA more than an unsplit
-// wide one; a narrow grid must fit one wave. Measured: 1 x 28672 x 8192 streamed 121 MB in ~32 us of a
-// 37.5 us call; 1 x 128 x 512 split in two took 5.4 us, 1 x 32 x 64 unsplit 2.5; narrow, 1 x 8192 x 28672
-// took 47.6 us (wide 36.7), 1 x 1024² 4.3 (wide 5.6), 16 x 1024² 4.7 (wide 7.3), and at K = 1024 one token
-// took 4.4 / 5.5 / 7.1 us on 32 / 64 / 132 CTAs. So narrow CTAs serve the small layers (K up to ~1.5K).
+// Narrow or wide: the planner's time model (us), fit to measurements on the H200 (JAX-level). A wide launch
+// streams all the weights at kWideBytesPerUs and pays kSplitUs when it splits K (the partials' stores, fence,
+// arrival and the last CTA's loads); a narrow CTA streams its 64 rows' weights and its M x K of X (L2 hits,
+// counted at kNarrowXByteWeight of a weight byte) at kNarrowBytesPerUsPerSm, and a narrow launch pays
+// kNarrowUs plus kNarrowUsPerCta a CTA more than an unsplit wide one; a narrow grid must fit one wave.
+// Session 15: 1 x 28672 x 8192 streamed 121 MB in ~32 us of a 37.5 us call; 1 x 128 x 512 split in two took
+// 5.4 us, 1 x 32 x 64 unsplit 2.5; at K = 1024 one token took 4.4 / 5.5 / 7.1 us on 32 / 64 / 132 narrow CTAs.
+// Session 16 (X boxes of M rows), narrow against wide, us: 8192² 14.0 / 14.7 at M = 1, 14.5 / 14.8 at 4,
+// 15.8 / 15.3 at 8; 8192 x 28672 36.1 / 36.7 at 1, 37.7 / 37.3 at 8; 4096 x 1024 4.9 / 5.7 at 8.
 inline constexpr double kWideBytesPerUs = 3.8e6;
-inline constexpr double kNarrowBytesPerUsPerSm = 2.0e4;
+inline constexpr double kNarrowBytesPerUsPerSm = 3.5e4;
+inline constexpr double kNarrowXByteWeight = 0.5;
 inline constexpr double kSplitUs = 3.0;
 inline constexpr double kNarrowUs = 0.3;
 inline constexpr double kNarrowUsPerCta = 0.027;
@@ -228,8 +230,9 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   plan.k_lanes = 1;
   if (plan.m_tiles <= kMaxMmaSyncMTiles) {
     const int64_t narrow_tiles = CeilDiv(p.n, WarpRows(plan.m_tiles));
-    const double narrow_us = WarpRows(plan.m_tiles) * static_cast<double>(p.k) / 2 / kNarrowBytesPerUsPerSm +
-                             kNarrowUs + kNarrowUsPerCta * static_cast<double>(narrow_tiles * plan.m_blocks);
+    const double narrow_bytes = static_cast<double>(p.k) * (WarpRows(plan.m_tiles) / 2 + kNarrowXByteWeight * 2 * p.m);
+    const double narrow_us = narrow_bytes / kNarrowBytesPerUsPerSm + kNarrowUs +
+                             kNarrowUsPerCta * static_cast<double>(narrow_tiles * plan.m_blocks);
     const double wide_us = static_cast<double>(p.n) * static_cast<double>(p.k) / 2 / kWideBytesPerUs +
                            (plan.splits > 1 ? kSplitUs : 0.0);
     if (narrow_tiles * plan.m_blocks <= num_sms && narrow_us < wide_us) {
