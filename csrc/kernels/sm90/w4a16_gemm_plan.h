@@ -14,7 +14,7 @@
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
 // per SM gets a deeper ring. Narrow plans (small layers up to 16 tokens; see kMaxNarrowLanes): one warp's rows,
-// stages of kNarrowStageAtoms atoms (the X part one 3-D box), one CTA per SM.
+// stages of kNarrowStageAtoms atoms (the X part one 3-D box of the M token rows), one CTA per SM.
 #pragma once
 
 #include <algorithm>
