@@ -283,7 +283,7 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     """The planner's model (w4a16_gemm_plan.h): a wide launch that splits K pays ~3 us for its partials, a
     narrow CTA streams its 64 rows and its tokens' X (at half a weight byte) at ~35 KB/us, and a narrow launch
     pays ~0.03 us a CTA. So small layers run narrow, unsplit, with a k-lane per 4-atom stage up to 8 and two
-    stages of the ring each; so do 8192-row layers with long K at one or two tokens (their X is small),
+    stages of the ring each; so do 8192-row layers with long K at a few tokens (their X is small),
     while every launch past 16 tokens runs wide, and a narrow grid fits one wave."""
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)

@@ -41,11 +41,12 @@
 // 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to the workspace in MMA
 // fragment order; the last CTA of a tile to arrive (an arrival counter of common/arrival_counters.h, which
 // re-arms itself: no memset) sums them in split order — deterministic, no host sync, CUDA-graph safe.
-// Narrow CTAs (small layers up to 16 tokens, picked by the planner's time model in w4a16_gemm_plan.h: a
-// split costs ~3 us of round trips, which a small layer's stream does not hide): one CTA per SM owns one
-// warp's 64 rows and all of K. Roles: k-lanes (up to 8 warps, the same rows, each computing every k_lanes-th
-// stage of 4 atoms) and a producer warp; at the end the lanes' accumulators are added in lane order through
-// shared memory (deterministic), and k-lane 0 stores. No workspace, no arrival counter.
+// Narrow CTAs (up to 16 tokens, where the planner's time model in w4a16_gemm_plan.h picks them: small layers,
+// whose stream does not hide a split's ~3 us of round trips, and layers of up to 132 x 64 rows with long K
+// at a few tokens): one CTA per SM owns one warp's 64 rows and all of K. Roles: k-lanes (up to 8 warps, the
+// same rows, each computing every k_lanes-th stage of 4 atoms) and a producer warp; at the end the lanes'
+// accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No
+// workspace, no arrival counter.
 //
 // Pipelines (wide: the warps compute, one thread also produces; narrow: a producer warp; no __syncthreads
 // in the loop):

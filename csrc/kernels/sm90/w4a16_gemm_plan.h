@@ -13,8 +13,9 @@
 // measured −9% at 1 x 28672 x 8192, and at 16 tokens −10% against wgmma with 2 tiles, session 12);
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
-// per SM gets a deeper ring. Narrow plans (small layers up to 16 tokens; see kMaxNarrowLanes): one warp's rows,
-// stages of kNarrowStageAtoms atoms (the X part one 3-D box of the M token rows), one CTA per SM.
+// per SM gets a deeper ring. Narrow plans (up to 16 tokens: small layers, and up to 132 x 64 rows with long K
+// at a few tokens; see kMaxNarrowLanes): one warp's rows, stages of kNarrowStageAtoms atoms (the X part one
+// 3-D box of the M token rows), one CTA per SM.
 #pragma once
 
 #include <algorithm>
