@@ -248,7 +248,7 @@ _W4A16_FIELDS = 16
 class W4a16Launch:
     """The launch plan of one w4a16 GEMM (PlanW4a16Launch): ``m_blocks`` x ``n_tiles`` x ``splits`` CTAs of
     ``threads`` threads; wide CTAs own ``warps`` warps' rows, narrow ones one warp's rows shared by
-    ``k_lanes`` warps."""
+    ``k_lanes`` warps, each computing runs of ``lane_atoms`` 64-wide atoms of K (wide: 1)."""
 
     m_tiles: int
     m_blocks: int
@@ -257,6 +257,7 @@ class W4a16Launch:
     splits: int
     narrow: bool
     k_lanes: int
+    lane_atoms: int
     threads: int
 
 
@@ -279,7 +280,7 @@ def w4a16_plan(m_tiles: int, *, narrow: bool = False) -> W4a16Plan:
 def w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> W4a16Launch | None:
     """The launch plan of one w4a16 GEMM planned for ``num_sms`` SMs; None when the kernel does not serve
     the shape."""
-    out = (ctypes.c_int64 * 8)()
+    out = (ctypes.c_int64 * 9)()
     _load().JaxW4a4W4a16Launch(m, n, k, group_size, int(act_order), num_sms, out)
     values = [int(v) for v in out]
     if values[0] < 0:

@@ -288,7 +288,7 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)
     assert (small.narrow, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == (True, 9, 1, 1, 6, 7 * 32)
-    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 24, 1, True, 3, 4 * 32)  # 9 atoms: 3 stages
+    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 24, 1, True, 3, 2, 4 * 32)  # 9 atoms: 3 stages
     assert plan(1, 1024, 1024).k_lanes == 4 and plan(1, 384, 4096) is not None
     assert plan(1, 4096, 1024).narrow and not plan(1, 8192, 1024).narrow  # ~0.03 us a narrow CTA: 64 vs 128 CTAs
     one_wave = functools.partial(budget.w4a16_launch, 1, 1024, 1024, 64, act_order=False)  # 16 row tiles
@@ -301,6 +301,9 @@ def test_w4a16_narrow_ctas_serve_small_layers():
         [True, True, False, False, False],
         [False] * 5,
     ]
+    # k-lanes take runs of 2 atoms when K <= 8192 (two lanes per stage: a shorter last stage), else whole stages
+    assert [plan(1, 8192, k).lane_atoms for k in (8192, 8256, 28672)] == [2, 4, 4]
+    assert plan(1, 576, 1536).lane_atoms == 2 and plan(1, 28672, 8192).lane_atoms == 1  # wide: 1
     for m, n, k in ((1, 576, 1536), (16, 1536, 576)):  # no split-K partials; the act-order gather stays
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=False, num_sms=132) == 0
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=True, num_sms=132) == 256 * -(-2 * m * k // 256)

@@ -169,7 +169,7 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
 // JaxW4a4W4a16Plan writes one solved plan (wide or narrow): block_m, ctas_per_sm, max_warps, stage_atoms,
 // tiles_per_warp, block_rows, stages, stage_weight, stage_x, stage_scale, stage, ring, barriers, total, per_sm,
 // fits (16 values); JaxW4a4W4a16Launch writes the launch plan of one problem (-1s: not served): m_tiles,
-// m_blocks, warps, n_tiles, splits, narrow, k_lanes, threads (8 values).
+// m_blocks, warps, n_tiles, splits, narrow, k_lanes, lane_atoms, threads (9 values).
 __attribute__((visibility("default"))) int JaxW4a4W4a16MTiles(int64_t* out) {
   int n = 0;
   for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) out[n++] = m_tiles;
@@ -190,12 +190,12 @@ __attribute__((visibility("default"))) void JaxW4a4W4a16Launch(int64_t m, int64_
   namespace w4a16 = jax_w4a4::sm90::w4a16;
   const w4a16::W4a16Problem problem{m, n, k, group_size, act_order != 0};
   if (!w4a16::W4a16ShapeSupported(problem) || num_sms < 1) {
-    for (int i = 0; i < 8; ++i) out[i] = -1;
+    for (int i = 0; i < 9; ++i) out[i] = -1;
     return;
   }
   const w4a16::W4a16Launch l = w4a16::PlanW4a16Launch(problem, num_sms);
   const int64_t values[] = {l.m_tiles, l.m_blocks, l.warps, l.n_tiles, l.splits, l.narrow ? 1 : 0, l.k_lanes,
-                            w4a16::W4a16LaunchThreads(l)};
+                            l.lane_atoms, w4a16::W4a16LaunchThreads(l)};
   for (int64_t v : values) *out++ = v;
 }
 

@@ -190,7 +190,8 @@ def test_reductions_are_deterministic(n, k, narrow):
 @pytest.mark.parametrize("m", [1, 5, 16])
 def test_narrow_ctas(m):
     """Narrow CTAs (small layers, up to 16 tokens): K's last stage partial (9 atoms: 3 stages of 4, so 3
-    k-lanes) or whole, a row tile of 32 rows (N % 64 == 32), every group size, both zero-point modes."""
+    k-lanes, in runs of 2 atoms: the last run holds one) or whole, a row tile of 32 rows (N % 64 == 32), every
+    group size, both zero-point modes. Runs of whole stages (K > 8192): the decode shapes' 8192 x 28672."""
     for n, k, group_size, zero_point, dtype in (
         (96, 576, 32, True, BF16),
         (1056, 1024, -1, False, FP16),
@@ -198,7 +199,8 @@ def test_narrow_ctas(m):
         (608, 1536, 64, True, FP16),
     ):
         size = k if group_size == -1 else group_size
-        assert budget.w4a16_launch(m, n, k, size, act_order=False, num_sms=_num_sms()).narrow
+        plan = budget.w4a16_launch(m, n, k, size, act_order=False, num_sms=_num_sms())
+        assert plan.narrow and plan.lane_atoms == 2
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, False, True)
 
 

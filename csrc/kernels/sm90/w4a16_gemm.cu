@@ -44,7 +44,8 @@
 // Narrow CTAs (up to 16 tokens, where the planner's time model in w4a16_gemm_plan.h picks them: small layers,
 // whose stream does not hide a split's ~3 us of round trips, and layers of up to 132 x 64 rows with long K
 // at a few tokens): one CTA per SM owns one warp's 64 rows and all of K. Roles: k-lanes (up to 8 warps, the
-// same rows, each computing every k_lanes-th stage of 4 atoms) and a producer warp; at the end the lanes'
+// same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 2 with K <= 8192, so that two lanes
+// share a stage and the last one is computed in half the time) and a producer warp; at the end the lanes'
 // accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No
 // workspace, no arrival counter.
 //
@@ -328,7 +329,9 @@ __device__ __forceinline__ int GroupOfAtom(int atom, int group_shift) {
 // kZeroPoints: zero points given (AWQ); else symmetric, z = 8. A template parameter, not a runtime flag: a
 // symmetric kernel's promotions carry no zero-point loads and conversions (a third of a raw-code promotion's
 // instructions). Session 13, same process: 1 x 28672 x 8192 39.1 -> 37.3-37.7 us, 16 tokens 49.4 -> 46.6.
-template <typename T, int kMTiles, bool kZeroPoints, bool kNarrow>
+// kLaneAtoms (narrow): the atoms of a k-lane's runs, kNarrowShortRunAtoms or a whole stage (W4a16Launch::
+// lane_atoms). A template parameter too: as a runtime value it cost 1 x 8192 x 28672 36.0 -> 36.5 us (session 17).
+template <typename T, int kMTiles, bool kZeroPoints, bool kNarrow, int kLaneAtoms>
 __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<kMTiles, kNarrow>::kCtasPerSm)
     W4a16GemmKernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x,
                     const __grid_constant__ CUtensorMap tm_scales, const __grid_constant__ CUtensorMap tm_zeros,
@@ -347,7 +350,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
   const int warp = tid / 32;
   const int launched_warps = blockDim.x / 32;  // W4a16LaunchThreads
   // Wide: warp w owns rows w (past p.warps: none) and every atom. Narrow: every warp but the last (the
-  // producer's) owns the CTA's rows and is a k-lane, which computes the stages k_lane, k_lane + k_lanes, ...
+  // producer's) owns the CTA's rows and is a k-lane, which computes the runs k_lane, k_lane + k_lanes, ...
   const int row_warp = kNarrow ? 0 : warp;
   const int k_lane = kNarrow ? warp : 0;
   const int k_lanes = kNarrow ? launched_warps - 1 : 1;
@@ -412,7 +415,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::MbarInit(full_barrier(s), 1);                // the producer's arrive.expect_tx, then the bytes
-      tma::MbarInit(empty_barrier(s), kNarrow ? 1 : launched_warps);  // an arrival per warp that reads it
+      // an arrival per warp that reads it (narrow: per run)
+      tma::MbarInit(empty_barrier(s), kNarrow ? Cfg::kStageAtoms / kLaneAtoms : launched_warps);
     }
     tma::FenceMbarInit();
   }
@@ -452,8 +456,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
 
   // Wide: atom i is computed while the TMA boxes of the next kStages - 1 are in flight; before computing
   // atom i the producer refills the slot of atom i - 1 once every warp has released it (its empty barrier).
-  // Narrow: the producer warp fills stage s into slot s % kStages once k-lane (s - kStages) % k_lanes has
-  // released it; k-lane l computes the atoms of stages l, l + k_lanes, ...
+  // Narrow: the producer warp fills stage s into slot s % kStages once the k-lanes of stage s - kStages have
+  // released it; the atoms come in runs of kLaneAtoms, and k-lane l computes runs l, l + k_lanes, ...
   const int num_stages = (num_atoms + Cfg::kStageAtoms - 1) / Cfg::kStageAtoms;
   if (kNarrow && warp == k_lanes) {
     if (lane == 0) {
@@ -463,9 +467,9 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
       }
     }
   }
-  const int first_atom = kNarrow && warp == k_lanes ? num_atoms : k_lane * Cfg::kStageAtoms;
+  const int first_atom = kNarrow && warp == k_lanes ? num_atoms : k_lane * kLaneAtoms;
   auto next_atom = [&](int i) {
-    return !kNarrow || (i + 1) % Cfg::kStageAtoms != 0 ? i + 1 : i + 1 + (k_lanes - 1) * Cfg::kStageAtoms;
+    return !kNarrow || (i + 1) % kLaneAtoms != 0 ? i + 1 : i + 1 + (k_lanes - 1) * kLaneAtoms;
   };
   int slot = 0;             // wide: slot of atom i
   uint32_t full_phase = 0;  // wide: parity of the slot's full barrier for atom i (flips when the slot wraps)
@@ -476,7 +480,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
     if constexpr (kNarrow) {
       const int stage = i / Cfg::kStageAtoms;
       atom_slot = stage % kStages;
-      if (stage_atom == 0) tma::MbarWait(full_barrier(atom_slot), (stage / kStages) & 1);  // the stage landed
+      if (stage_atom % kLaneAtoms == 0) tma::MbarWait(full_barrier(atom_slot), (stage / kStages) & 1);  // it landed
     } else {
       if (producer && i + kStages - 1 < num_atoms) {
         const int refill = i + kStages - 1;  // its slot last held atom refill - kStages = i - 1
@@ -603,8 +607,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
       }
     }
     __syncwarp();  // every lane's reads of the slot are done
-    const bool stage_read = !kNarrow || stage_atom == Cfg::kStageAtoms - 1 || i + 1 == num_atoms;
-    if (lane == 0 && stage_read) tma::MbarArrive(empty_barrier(atom_slot));
+    const bool run_read = !kNarrow || stage_atom % kLaneAtoms == kLaneAtoms - 1 || i + 1 == num_atoms;
+    if (lane == 0 && run_read) tma::MbarArrive(empty_barrier(atom_slot));
   }
 
   // ---- narrow: the k-lanes' accumulators, added in lane order through shared memory (the ring's bytes:
@@ -746,8 +750,13 @@ template <typename T, int kMTiles, bool kNarrow>
 cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void* x, const GemmArgs& args,
                         cudaStream_t stream) {
   using Cfg = Config<kMTiles, kNarrow>;
-  auto* kernel = args.zeros != nullptr ? &W4a16GemmKernel<T, kMTiles, true, kNarrow>
-                                       : &W4a16GemmKernel<T, kMTiles, false, kNarrow>;
+  constexpr int kShortRun = kNarrow ? kNarrowShortRunAtoms : 1;  // wide: lane_atoms 1, a stage of 1 atom
+  constexpr int kStageRun = Cfg::kStageAtoms;
+  auto* kernel = args.zeros != nullptr
+                     ? (plan.lane_atoms == kShortRun ? &W4a16GemmKernel<T, kMTiles, true, kNarrow, kShortRun>
+                                                     : &W4a16GemmKernel<T, kMTiles, true, kNarrow, kStageRun>)
+                     : (plan.lane_atoms == kShortRun ? &W4a16GemmKernel<T, kMTiles, false, kNarrow, kShortRun>
+                                                     : &W4a16GemmKernel<T, kMTiles, false, kNarrow, kStageRun>);
   constexpr int kSmem = Cfg::kSmemBytes;
   const uint64_t m = params.m, n = params.n, k = params.k, row_blocks = n / kAtomRows;
   const uint64_t groups = k / args.group_size;

@@ -49,14 +49,22 @@ constexpr int WarpRows(int m_tiles) { return TilesPerWarp(m_tiles) * kAtomRows; 
 
 // Narrow CTAs (mma.sync token tiles only): one CTA per SM owns one warp's rows (64) and the whole of K,
 // split over up to kMaxNarrowLanes warps ("k-lanes") that take turns on the ring's stages of
-// kNarrowStageAtoms atoms and add their accumulators through shared memory at the end: no split-K partials,
-// no arrival counter, no second CTA per SM. A dedicated producer warp fills the ring. Session 15
+// kNarrowStageAtoms atoms (in runs of lane_atoms, below) and add their accumulators through shared memory
+// at the end: no split-K partials, no arrival counter, no second CTA per SM. A dedicated producer warp fills the ring. Session 15
 // (benchmarks/NOTES.md): a split-K launch spent ~3 us in the partials' round trips (1 x 128 x 512 in 2
 // splits 5.4 us, 1 x 32 x 64 unsplit 2.5 us), the two CTAs on an SM streamed unevenly (1 x 28672 x 8192:
 // 22.8 and 30.1 us for the same bytes), and one-atom stages of 64 rows (2 KB) were bound by their TMA
 // issue (~200 ns a stage: 1 x 8192 x 28672 took 96 us).
 inline constexpr int kMaxNarrowLanes = 8;
 inline constexpr int kNarrowStageAtoms = 4;              // 8 KB of weights a stage: one TMA box each
+// A k-lane computes runs of lane_atoms consecutive atoms (W4a16Launch): whole stages, or with K of up to
+// kNarrowShortKAtoms atoms runs of kNarrowShortRunAtoms (128 columns: a whole group up to g128, so a run
+// never needs an extra promotion), so that two lanes compute a stage at once and the last stage, which no
+// later stream hides, takes half as long. Session 17 (benchmarks/NOTES.md), 1 / 2 tokens: 8192² 14.1 / 14.3-14.4
+// -> 13.5-13.6 / 13.9-14.0 us, 2048² 5.8 -> 5.3-5.4; with K = 28672 runs of 2 took 36.1 -> 36.7-36.8 us.
+inline constexpr int kNarrowShortRunAtoms = 2;
+inline constexpr int kNarrowShortKAtoms = 128;
+static_assert(kNarrowStageAtoms % kNarrowShortRunAtoms == 0 && kNarrowShortRunAtoms * kAtomCols % 128 == 0);
 inline constexpr int kMaxNarrowStages = 32;
 
 struct W4a16Plan {
@@ -147,6 +155,7 @@ struct W4a16Launch {
   int splits;    // split-K factor
   bool narrow;   // narrow CTAs (SolveW4a16Plan(m_tiles, true)): k_lanes warps share one warp's rows
   int k_lanes;   // 1, or a narrow CTA's computing warps
+  int lane_atoms;  // narrow: the atoms of a k-lane's runs (kNarrowShortRunAtoms or a stage); wide: 1
 };
 
 struct W4a16Workspace {
@@ -186,7 +195,8 @@ inline constexpr double kSplitUs = 3.0;
 inline constexpr double kNarrowUs = 0.3;
 inline constexpr double kNarrowUsPerCta = 0.027;
 
-// A narrow CTA's k-lanes: as many as leave two stages of the ring to every lane, and no more than K's stages.
+// A narrow CTA's k-lanes: as many as leave two stages of the ring to every lane, and no more than K's stages
+// (with short runs too: a lane per run cost 1024² at 16 tokens 4.7 -> 5.0 us, session 17).
 constexpr int NarrowKLanes(int stages, int64_t atoms) {
   const int64_t lanes = std::min<int64_t>({kMaxNarrowLanes, stages / 2, CeilDiv(atoms, kNarrowStageAtoms)});
   return static_cast<int>(std::max<int64_t>(1, lanes));
@@ -229,6 +239,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     }
   }
   plan.k_lanes = 1;
+  plan.lane_atoms = 1;
   if (plan.m_tiles <= kMaxMmaSyncMTiles) {
     const int64_t narrow_tiles = CeilDiv(p.n, WarpRows(plan.m_tiles));
     const double narrow_bytes = static_cast<double>(p.k) * (WarpRows(plan.m_tiles) / 2 + kNarrowXByteWeight * 2 * p.m);
@@ -241,6 +252,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       plan.warps = 1;
       plan.n_tiles = static_cast<int>(narrow_tiles);
       plan.splits = 1;
+      plan.lane_atoms = atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
       plan.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, true).stages, atoms);
     }
   }
