@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# compute-sanitizer over small GPU test cases that reach every kernel instance: act_quant (row blocks, K
+# splits), w4a16 (narrow CTAs in runs of 2 atoms, split-K, mma.sync and wgmma token tiles, act-order gather)
+# and w4a4 (the 8- to 128-token tiles, stream-K, the 2-CTA cluster with a phantom column tile). The large
+# shapes stay out: instrumented kernels run 10-100x slower. Run on the GPU machine with
+# build/libjax_w4a4.so built or carried:
+#   bash benchmarks/sanitize.sh [tools...]      (default: memcheck; also racecheck, synccheck, initcheck)
+# One process per case group, so a crash ends one group only. XLA's default (pooled) allocator: memcheck then
+# sees shared-memory bounds, misaligned accesses, hardware exceptions and accesses outside XLA's pool, not a
+# buffer overrunning into its neighbour in the pool (XLA_PYTHON_CLIENT_ALLOCATOR=platform gives every buffer
+# its own cudaMalloc and bounds). compute-sanitizer 2025.3.1 itself crashes at times (SIGSEGV, no report, at
+# varying tests of varying groups: session 17 in benchmarks/NOTES.md), so a crashed group says nothing either
+# way; rerun it. Exit status: non-zero if a tool reported an error, a test failed or the sanitizer crashed (139).
+# Logs in $OUT (or /tmp/sanitize).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export JAX_W4A4_LIBRARY=${JAX_W4A4_LIBRARY:-$PWD/build/libjax_w4a4.so}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+export XLA_FLAGS="--xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0"
+logs=${OUT:-/tmp/sanitize}
+mkdir -p "$logs"
+
+# test file : pytest -k expression (one process each)
+CASE_GROUPS=(
+  "act_quant:(test_matches_reference and K3072 and (M1- or M7- or M333-)) or test_k_multiple_of_64 or test_split_counters_are_rearmed"
+  "w4a16_gemm:test_narrow_ctas"
+  "w4a16_gemm:test_every_token_tile"
+  "w4a16_gemm:test_rows_not_a_multiple or test_leading_dims_and_small_split_k"
+  "w4a16_gemm:test_every_group_size_with_act_order and (32 or 64)"
+  "w4a16_gemm:test_every_group_size_with_act_order and (128 or -1)"
+  "w4a4_gemm:M1-N3072 or M7-N128 or M13-N4096 or M9-N128"
+  "w4a4_gemm:M20-N28672 or M40-N4096"
+  "w4a4_gemm:M64-N128"
+  "w4a4_gemm:M150-N3072 or M333-N128"
+)
+
+compute-sanitizer --version | tail -1
+status=0
+for tool in ${@:-memcheck}; do
+  for group in "${CASE_GROUPS[@]}"; do
+    op=${group%%:*} selection=${group#*:}
+    log="$logs/${tool}_${op}_$(echo "$selection" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).log"
+    timeout "${SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 97 --print-limit 20 \
+      python3 -m pytest -q -m gpu "tests/gpu/test_${op}_gpu.py" -k "$selection" -p no:cacheprovider > "$log" 2>&1
+    code=$?
+    [ $code -eq 0 ] || status=$code
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/=* *//')
+    tests=$(grep -E "[0-9]+ (passed|failed)" "$log" | tail -1)
+    [ $code -eq 139 ] && summary="compute-sanitizer crashed (SIGSEGV) after $(grep -o '^[.FEsx]*' "$log" | tr -d '\n' | wc -c) tests"
+    echo "== $tool $op [$selection] (exit $code): ${summary:-no summary} | ${tests:-no pytest summary}"
+    [ $code -eq 0 ] || [ $code -eq 139 ] || grep -E "^=+ (Invalid|Error|Race|Barrier|Warning)|^=+ +at |FAILED" "$log" | head -12
+  done
+done
+exit "$status"
