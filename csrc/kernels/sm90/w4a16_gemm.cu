@@ -187,6 +187,12 @@ __device__ __forceinline__ uint4 LoadShared128(uint32_t addr) {
   return v;
 }
 
+// Address of 16-byte chunk `chunk` of row `row` in an X tile of 128-byte rows at `tile` with the 128-byte
+// swizzle (TMA's CU_TENSOR_MAP_SWIZZLE_128B: the chunk index is XORed with the row's index in its 8-row atom).
+__device__ __forceinline__ uint32_t SwizzledX(uint32_t tile, int row, int chunk) {
+  return tile + row * kXRowBytes + ((chunk ^ (row % 8)) << 4);
+}
+
 // (a & mask) | magic: one lop3.
 __device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t mask, uint32_t magic) {
   uint32_t r;
@@ -450,9 +456,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
   uint32_t fresh_partial = 1;  // wgmma: the next wgmmas start the partials (scale-d = 0) instead of adding
   // mma.sync: ldmatrix.x4 of a token tile over 32 k (k16 steps 2h, 2h + 1): lanes 8q..8q+7 give its
   // token rows 0..7 at 16-byte chunk 4h + q of the swizzled row (token tile mt: 8 rows, 1 KB, further).
-  const uint32_t x_lane_offset[2] = {
-      static_cast<uint32_t>((lane % 8) * kXRowBytes + (((lane / 8) ^ (lane % 8)) << 4)),
-      static_cast<uint32_t>((lane % 8) * kXRowBytes + (((4 + lane / 8) ^ (lane % 8)) << 4))};
+  const uint32_t x_lane_offset[2] = {SwizzledX(0, lane % 8, lane / 8), SwizzledX(0, lane % 8, 4 + lane / 8)};
 
   // Wide: atom i is computed while the TMA boxes of the next kStages - 1 are in flight; before computing
   // atom i the producer refills the slot of atom i - 1 once every warp has released it (its empty barrier).
@@ -517,7 +521,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
     // with a box of 8 rows per atom, 1 x 8192 x 28672 took 47.6 us, with M rows 36.1 (session 16).
     auto narrow_x_rows = [&](int mt, int h) {
       const int row = stage_atom * rows_m + min(mt * 8 + lane % 8, rows_m - 1);
-      return x_ring + atom_slot * Cfg::kStageXBytes + row * kXRowBytes + (((4 * h + lane / 8) ^ (row % 8)) << 4);
+      return SwizzledX(x_ring + atom_slot * Cfg::kStageXBytes, row, 4 * h + lane / 8);
     };
     uint32_t xk32[kMTiles][4];  // mma.sync: the B fragments of k16 steps j and j + 1 (j even), per token tile
 
