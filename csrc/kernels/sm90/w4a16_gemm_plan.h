@@ -50,11 +50,11 @@ constexpr int WarpRows(int m_tiles) { return TilesPerWarp(m_tiles) * kAtomRows; 
 // Narrow CTAs (mma.sync token tiles only): one CTA per SM owns one warp's rows (64) and the whole of K,
 // split over up to kMaxNarrowLanes warps ("k-lanes") that take turns on the ring's stages of
 // kNarrowStageAtoms atoms (in runs of lane_atoms, below) and add their accumulators through shared memory
-// at the end: no split-K partials, no arrival counter, no second CTA per SM. A dedicated producer warp fills the ring. Session 15
-// (benchmarks/NOTES.md): a split-K launch spent ~3 us in the partials' round trips (1 x 128 x 512 in 2
-// splits 5.4 us, 1 x 32 x 64 unsplit 2.5 us), the two CTAs on an SM streamed unevenly (1 x 28672 x 8192:
-// 22.8 and 30.1 us for the same bytes), and one-atom stages of 64 rows (2 KB) were bound by their TMA
-// issue (~200 ns a stage: 1 x 8192 x 28672 took 96 us).
+// at the end: no split-K partials, no arrival counter, no second CTA per SM. A dedicated producer warp fills
+// the ring. Session 15 (benchmarks/NOTES.md): a split-K launch spent ~3 us in the partials' round trips
+// (1 x 128 x 512 in 2 splits 5.4 us, 1 x 32 x 64 unsplit 2.5 us), the two CTAs on an SM streamed unevenly
+// (1 x 28672 x 8192: 22.8 and 30.1 us for the same bytes), and one-atom stages of 64 rows (2 KB) were bound
+// by their TMA issue (~200 ns a stage: 1 x 8192 x 28672 took 96 us).
 inline constexpr int kMaxNarrowLanes = 8;
 inline constexpr int kNarrowStageAtoms = 4;              // 8 KB of weights a stage: one TMA box each
 // A k-lane computes runs of lane_atoms consecutive atoms (W4a16Launch): whole stages, or with K of up to
