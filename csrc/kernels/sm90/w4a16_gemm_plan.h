@@ -141,6 +141,14 @@ inline constexpr int kMaxSplitsAt64Tokens = 4;
 inline constexpr int kMaxShortSplits = 8;
 inline constexpr int kMinAtomsPerManySplits = 16;
 inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumulator fragment per lane and tile
+// The split-K reduction in the planner's model (mma.sync tiles): a tile's last CTA reads every split's
+// partials, a fragment per warp, split and n8 token tile (4 m16 tiles x 32 lanes x kPartialBytes: 2 KB, the
+// weight bytes of one warp's atom), and each such fragment costs kReductionPercent of a streamed warp-atom.
+// Fit on the H200 (session 18, benchmarks/NOTES.md), 16 tokens: 20 % took 16 x 4096 x 28672 34.5 -> 29.2 us
+// (4 warps x 16 tiles x 16 splits in place of 6 x 11 x 24), 40 % 16 x 8192 x 14336 32.0 -> 28.1 and 16 x 14336 x
+// 2048 14.1 -> 11.7; 60 % lost (16 x 8192 x 28672 46.8 -> 50.0 in 8 splits of 4-warp CTAs). One token, 40 %:
+// 1 x 4096 x 28672 25.2 -> 22.8, 1 x 11008 x 8192 20.9 -> 18.3.
+inline constexpr int64_t kReductionPercent = 40;
 
 struct W4a16Problem {
   int64_t m, n, k, group_size;  // group_size == k: per channel
@@ -204,8 +212,9 @@ constexpr int NarrowKLanes(int stages, int64_t atoms) {
 
 // One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
 // largest CTA's bytes over its share of the SM's bandwidth, and an SM with fewer than
-// kSaturatingWarpsPerSm warps gets a proportionally smaller share (it cannot hide the latency). Ties go
-// to more CTAs, then to more warps and fewer splits (less reduction traffic).
+// kSaturatingWarpsPerSm warps gets a proportionally smaller share (it cannot hide the latency). Up to 16
+// tokens a CTA's bytes count its launched warps, and a split adds its reduction (kReductionPercent). Ties
+// go to more CTAs, then to more warps and fewer splits (less reduction traffic).
 constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   W4a16Launch plan{};
   plan.m_tiles = p.m <= 8 ? 1 : p.m <= 16 ? 2 : p.m <= 32 ? 4 : 8;
@@ -214,7 +223,8 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   const int64_t slots = int64_t{num_sms} * CtasPerSm(plan.m_tiles);
   int64_t max_splits = std::max<int64_t>(1, atoms / kMinAtomsPerSplit);
   if (8 * plan.m_tiles == kMaxTokensPerBlock) max_splits = std::min<int64_t>(max_splits, kMaxSplitsAt64Tokens);
-  if (plan.m_tiles <= kMaxMmaSyncMTiles) {
+  const bool mma_sync = plan.m_tiles <= kMaxMmaSyncMTiles;
+  if (mma_sync) {
     max_splits = std::min<int64_t>(max_splits, std::max<int64_t>(kMaxShortSplits, atoms / kMinAtomsPerManySplits));
   }
   int64_t best_cost = INT64_MAX;
@@ -225,8 +235,14 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     const int64_t splits = std::clamp<int64_t>(slots / tiles, 1, max_splits);
     const int64_t waves = CeilDiv(tiles * splits, slots);
     const int64_t warps_per_sm = int64_t{warps} * CtasPerSm(plan.m_tiles);
-    const int64_t cost = waves * warps * CeilDiv(atoms, splits) * kSaturatingWarpsPerSm /
-                         std::min<int64_t>(warps_per_sm, kSaturatingWarpsPerSm);
+    // mma.sync tiles: the launched warps without rows run the loop as row warps do, so they count (session
+    // 18: 6144 x 12288 at 1 token took 21.1 us in 5-warp CTAs, launched as 8, and 16.3 in 4-warp ones), and
+    // so does the split-K reduction (kReductionPercent). Per cent of a streamed warp-atom.
+    const int64_t launched = mma_sync ? W4a16Threads(warps) / 32 : warps;
+    const int64_t reduction = mma_sync && splits > 1 ? splits * warps * plan.m_tiles * kReductionPercent : 0;
+    const int64_t cost = 100 * waves * launched * CeilDiv(atoms, splits) * kSaturatingWarpsPerSm /
+                             std::min<int64_t>(warps_per_sm, kSaturatingWarpsPerSm) +
+                         reduction;
     // More CTAs at the same modeled cost: with many tokens the CTAs are compute-bound and their time
     // follows their rows (28672 x 8192 at 64 tokens: 128 CTAs of 7 warps, not 112 of 8).
     const int64_t ctas = tiles * splits;
@@ -240,7 +256,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   }
   plan.k_lanes = 1;
   plan.lane_atoms = 1;
-  if (plan.m_tiles <= kMaxMmaSyncMTiles) {
+  if (mma_sync) {
     const int64_t narrow_tiles = CeilDiv(p.n, WarpRows(plan.m_tiles));
     const double narrow_bytes = static_cast<double>(p.k) * (WarpRows(plan.m_tiles) / 2 + kNarrowXByteWeight * 2 * p.m);
     const double narrow_us = narrow_bytes / kNarrowBytesPerUsPerSm + kNarrowUs +
