@@ -312,17 +312,20 @@ def test_w4a16_narrow_ctas_serve_small_layers():
 
 def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
     """Up to 16 tokens a wide CTA launches whole warpgroups and its warps without rows run the loop, so the
-    planner counts launched warps; a split's reduction (the last CTA reads every split's 2 KB fragments per
-    warp and token tile) costs kReductionPercent of a streamed warp-atom. Each line below was measured
-    faster than the plan of the model without these terms (session 18)."""
+    planner counts launched warps; a split's reduction (the last CTA reads every split's partials, a round
+    of loads per split) costs kReductionPercent of a streamed warp-atom per split and warp. Each line below
+    was measured faster than the plan of the model without these terms (session 18)."""
     plan = functools.partial(budget.w4a16_launch, group_size=128, act_order=False, num_sms=132)
-    cells = {(m, n, k): (plan(m, n, k).warps, plan(m, n, k).n_tiles, plan(m, n, k).splits)
-             for m, n, k in ((1, 6144, 12288), (16, 8192, 14336), (16, 4096, 28672), (1, 4096, 28672))}
+    shapes = ((1, 6144, 12288), (16, 8192, 14336), (16, 4096, 28672), (1, 4096, 28672), (1, 16384, 3072),
+              (1, 11008, 11008))
+    cells = {(m, n, k): (plan(m, n, k).warps, plan(m, n, k).n_tiles, plan(m, n, k).splits) for m, n, k in shapes}
     assert cells == {
         (1, 6144, 12288): (4, 24, 11),   # was 5 warps (launched as 8) x 20 tiles x 12 splits: 21.1 -> 16.3 us
         (16, 8192, 14336): (4, 32, 8),   # was 6 (8) x 22 x 12: 32.0 -> 28.1 us
         (16, 4096, 28672): (4, 16, 16),  # was 6 (8) x 11 x 24: 34.5 -> 29.2 us
         (1, 4096, 28672): (4, 16, 16),   # was 6 (8) x 11 x 24: 26.1 -> 22.8 us
+        (1, 16384, 3072): (4, 64, 4),    # was 6 (8) x 43 x 6; 8 x 32 x 8 at 40 %: 12.8-13.0 -> 11.7 us
+        (1, 11008, 11008): (4, 43, 6),   # was 6 (8) x 29 x 9; 7 (8) x 25 x 10 at 40 %: 24.3-24.4 -> 22.8-22.9 us
     }
     # An idle warp still wins a tie on CTAs: 1 x 28672 x 8192 keeps 256 CTAs of 7 warps (224 of 8 took
     # 37.4-37.7 -> 38.4-39.0 us).

@@ -142,13 +142,14 @@ inline constexpr int kMaxShortSplits = 8;
 inline constexpr int kMinAtomsPerManySplits = 16;
 inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumulator fragment per lane and tile
 // The split-K reduction in the planner's model (mma.sync tiles): a tile's last CTA reads every split's
-// partials, a fragment per warp, split and n8 token tile (4 m16 tiles x 32 lanes x kPartialBytes: 2 KB, the
-// weight bytes of one warp's atom), and each such fragment costs kReductionPercent of a streamed warp-atom.
-// Fit on the H200 (session 18, benchmarks/NOTES.md), 16 tokens: 20 % took 16 x 4096 x 28672 34.5 -> 29.2 us
-// (4 warps x 16 tiles x 16 splits in place of 6 x 11 x 24), 40 % 16 x 8192 x 14336 32.0 -> 28.1 and 16 x 14336 x
-// 2048 14.1 -> 11.7; 60 % lost (16 x 8192 x 28672 46.8 -> 50.0 in 8 splits of 4-warp CTAs). One token, 40 %:
-// 1 x 4096 x 28672 25.2 -> 22.8, 1 x 11008 x 8192 20.9 -> 18.3.
-inline constexpr int64_t kReductionPercent = 40;
+// partials (a 2 KB fragment per warp, split and n8 token tile: the weight bytes of one warp's atom), and
+// each split and warp costs kReductionPercent of a streamed warp-atom, at 8 and at 16 tokens alike: the
+// loads come in rounds, one round trip per split. Fit on the H200 (session 18, benchmarks/NOTES.md), 16
+// tokens: 40 took 16 x 4096 x 28672 34.5 -> 29.2 us (4 warps x 16 tiles x 16 splits, not 6 x 11 x 24), 80
+// 16 x 8192 x 14336 32.0 -> 28.1 and 16 x 14336 x 2048 14.1 -> 11.7, 120 lost (16 x 8192 x 28672 46.8 -> 50.0
+// in 8 splits of 4-warp CTAs); up to 8 tokens 40 beat none (1 x 4096 x 28672 25.2 -> 22.8), 80 beat 40 on
+// ten shapes (1 x 16384 x 3072 12.8-13.0 -> 11.7) and 60 on three of them (1 x 11008² 24.3 -> 22.8-22.9).
+inline constexpr int64_t kReductionPercent = 80;
 
 struct W4a16Problem {
   int64_t m, n, k, group_size;  // group_size == k: per channel
@@ -239,7 +240,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     // 18: 6144 x 12288 at 1 token took 21.1 us in 5-warp CTAs, launched as 8, and 16.3 in 4-warp ones), and
     // so does the split-K reduction (kReductionPercent). Per cent of a streamed warp-atom.
     const int64_t launched = mma_sync ? W4a16Threads(warps) / 32 : warps;
-    const int64_t reduction = mma_sync && splits > 1 ? splits * warps * plan.m_tiles * kReductionPercent : 0;
+    const int64_t reduction = mma_sync && splits > 1 ? splits * warps * kReductionPercent : 0;
     const int64_t cost = 100 * waves * launched * CeilDiv(atoms, splits) * kSaturatingWarpsPerSm /
                              std::min<int64_t>(warps_per_sm, kSaturatingWarpsPerSm) +
                          reduction;
