@@ -146,8 +146,8 @@ inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumu
 // each split and warp costs kReductionPercent of a streamed warp-atom, at 8 and at 16 tokens alike: the
 // loads come in rounds, one round trip per split. Fit on the H200 (session 18, benchmarks/NOTES.md), 16
 // tokens: 40 took 16 x 4096 x 28672 34.5 -> 29.2 us (4 warps x 16 tiles x 16 splits, not 6 x 11 x 24), 80
-// 16 x 8192 x 14336 32.0 -> 28.1 and 16 x 14336 x 2048 14.1 -> 11.7, 120 lost on 16 x 8192 x 28672 (46.8 ->
-// 50.0 in 8 splits of 4-warp CTAs) and won on two other shapes of twelve; up to 8 tokens 40 beat none (1 x
+// 16 x 8192 x 14336 32.0 -> 28.1 and 16 x 14336 x 2048 14.1 -> 11.7, 120 won on two shapes of twelve and lost on
+// two, among them 16 x 8192 x 28672 (46.8 -> 50.0 in 8 splits of 4-warp CTAs); up to 8 tokens 40 beat none (1 x
 // 4096 x 28672 25.2 -> 22.8), 80 beat 40 on nine shapes of ten (1 x 16384 x 3072 12.8-13.0 -> 11.7) and 60 on
 // three of them (1 x 11008² 24.3 -> 22.8-22.9).
 inline constexpr int64_t kReductionPercent = 80;
