@@ -186,7 +186,8 @@ constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Threads of a CTA with `warps` row-owning warps: whole warpgroups, since wgmma is issued by all four
 // warps of one. The extra warps own no rows: they run the loop on stale shared memory and store nothing
 // (skipping their work behind a branch, and launching only the row-owning warps for mma.sync, measured
-// slower in session 10: benchmarks/NOTES.md).
+// slower in session 10; skipping the loop changed every wide mma.sync kernel's schedule and lost on most
+// shapes in session 18: benchmarks/NOTES.md). So the planner counts them (PlanW4a16Launch).
 constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4)) * 128; }
 
 // Narrow or wide: the planner's time model (us), fit to measurements on the H200 (JAX-level). A wide launch
