@@ -315,10 +315,13 @@ def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
     planner counts launched warps; a split's reduction (the last CTA reads every split's partials, a round
     of loads per split) costs kReductionPercent of a streamed warp-atom per split and warp. Each line below
     was measured faster than the plan of the model without these terms (session 18)."""
-    plan = functools.partial(budget.w4a16_launch, group_size=128, act_order=False, num_sms=132)
+    def grid(m, n, k):  # (warps, column tiles, splits) of the wide launch
+        p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
+        return p.warps, p.n_tiles, p.splits
+
     shapes = ((1, 6144, 12288), (16, 8192, 14336), (16, 4096, 28672), (1, 4096, 28672), (1, 16384, 3072),
               (1, 11008, 11008))
-    cells = {(m, n, k): (plan(m, n, k).warps, plan(m, n, k).n_tiles, plan(m, n, k).splits) for m, n, k in shapes}
+    cells = {shape: grid(*shape) for shape in shapes}
     assert cells == {
         (1, 6144, 12288): (4, 24, 11),   # was 5 warps (launched as 8) x 20 tiles x 12 splits: 21.1 -> 16.3 us
         (16, 8192, 14336): (4, 32, 8),   # was 6 (8) x 22 x 12: 32.0 -> 28.1 us
@@ -329,7 +332,7 @@ def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
     }
     # An idle warp still wins a tie on CTAs: 1 x 28672 x 8192 keeps 256 CTAs of 7 warps (224 of 8 took
     # 37.4-37.7 -> 38.4-39.0 us).
-    assert (plan(1, 28672, 8192).warps, plan(1, 28672, 8192).n_tiles, plan(1, 28672, 8192).splits) == (7, 64, 4)
+    assert grid(1, 28672, 8192) == (7, 64, 4)
 
 
 def test_w4a16_workspace_follows_the_launch_plan():
