@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # compute-sanitizer over small GPU test cases that reach every kernel instance: act_quant (row blocks, K
 # splits), w4a16 (narrow CTAs in runs of 2 atoms, split-K, mma.sync and wgmma token tiles, act-order gather)
-# and w4a4 (the 8- to 128-token tiles, stream-K, the 2-CTA cluster with a phantom column tile). The large
-# shapes stay out: instrumented kernels run 10-100x slower. Run on the GPU machine with
-# build/libjax_w4a4.so built or carried:
+# and w4a4 (the 8- to 128-token tiles, stream-K, the 2-CTA cluster with a phantom column tile, the expanded
+# weights of long prefills). The large shapes stay out: instrumented kernels run 10-100x slower. Run on the
+# GPU machine with build/libjax_w4a4.so built or carried:
 #   bash benchmarks/sanitize.sh [tools...]      (default: memcheck; also racecheck, synccheck, initcheck)
 # One process per case group, so a crash ends one group only. XLA's default (pooled) allocator: memcheck then
 # sees shared-memory bounds, misaligned accesses, hardware exceptions and accesses outside XLA's pool, not a
@@ -33,6 +33,7 @@ CASE_GROUPS=(
   "w4a4_gemm:M20-N28672 or M40-N4096"
   "w4a4_gemm:M64-N128"
   "w4a4_gemm:M150-N3072 or M333-N128"
+  "w4a4_gemm:M1100-N1536"
 )
 
 compute-sanitizer --version | tail -1

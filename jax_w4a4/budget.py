@@ -52,6 +52,7 @@ class W4A4Plan:
     cluster: int
     lora_chunk: int
     act_value_bits: int
+    expanded_weights: bool
     main_stages: int
     lora_stages: int
     total_bytes: int
@@ -81,7 +82,8 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4BudgetTable.restype = ctypes.c_char_p
     lib.JaxW4a4W4A4ObjectName.restype = ctypes.c_char_p
     lib.JaxW4a4W4A4Plan.restype = ctypes.c_int
-    lib.JaxW4a4W4A4Plan.argtypes = [ctypes.c_int] * 5 + [ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4W4A4Plan.argtypes = [ctypes.c_int] * 6 + [ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4W4A4ObjectName.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.JaxW4a4ActQuantShapes.restype = ctypes.c_int
     lib.JaxW4a4ActQuantShapes.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4ActQuantPlan.restype = None
@@ -96,6 +98,8 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4W4a16Launch.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2 + [ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4W4a16WorkspaceBytes.restype = ctypes.c_int64
     lib.JaxW4a4W4a16WorkspaceBytes.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2
+    lib.JaxW4a4W4A4ExpandedWeightsMinTokens.restype = ctypes.c_int64
+    lib.JaxW4a4W4A4ExpandedWeightsMinTokens.argtypes = []
     lib.JaxW4a4W4a4WorkspaceBytes.restype = ctypes.c_int64
     lib.JaxW4a4W4a4WorkspaceBytes.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.JaxW4a4ArrivalCounterLimits.restype = None
@@ -108,18 +112,28 @@ def table() -> str:
     return _load().JaxW4a4BudgetTable().decode()
 
 
-def w4a4_plan(tile_n: int, tile_m: int, cluster: int, lora_chunk: int = 64, act_value_bits: int = 8) -> W4A4Plan:
-    """The solved shared-memory plan of the sm90 W4A4 GEMM for one tile shape."""
+def w4a4_plan(
+    tile_n: int,
+    tile_m: int,
+    cluster: int,
+    lora_chunk: int = 64,
+    act_value_bits: int = 8,
+    expanded_weights: bool = False,
+) -> W4A4Plan:
+    """The solved shared-memory plan of the sm90 W4A4 GEMM for one tile shape; ``expanded_weights``: the
+    prefill instance that reads e4m3 weights expanded before the GEMM (:func:`w4a4_expanded_weights_min_tokens`)."""
     lib = _load()
     out = (ctypes.c_int64 * (_HEADER_FIELDS + _OBJECT_FIELDS * _MAX_OBJECTS))()
-    count = lib.JaxW4a4W4A4Plan(tile_n, tile_m, cluster, lora_chunk, act_value_bits, out)
+    count = lib.JaxW4a4W4A4Plan(tile_n, tile_m, cluster, lora_chunk, act_value_bits, int(expanded_weights), out)
     values = list(out)
     objects = []
     for i in range(count):
         b, st, sh, lt, fp, iss, tx = values[_HEADER_FIELDS + _OBJECT_FIELDS * i : _HEADER_FIELDS + _OBJECT_FIELDS * (i + 1)]
-        name = lib.JaxW4a4W4A4ObjectName(i).decode()
+        name = lib.JaxW4a4W4A4ObjectName(i, int(expanded_weights)).decode()
         objects.append(SmemObject(name, b, st, Sharing(sh), Lifetime(lt), fp, iss, tx))
-    return W4A4Plan(tile_n, tile_m, cluster, lora_chunk, act_value_bits, *values[:_HEADER_FIELDS], tuple(objects))
+    return W4A4Plan(
+        tile_n, tile_m, cluster, lora_chunk, act_value_bits, expanded_weights, *values[:_HEADER_FIELDS], tuple(objects)
+    )
 
 
 SMEM_PER_SM = 228 * 1024
@@ -294,9 +308,16 @@ def w4a16_workspace_bytes(m: int, n: int, k: int, group_size: int, *, act_order:
     return int(_load().JaxW4a4W4a16WorkspaceBytes(m, n, k, group_size, int(act_order), num_sms))
 
 
+def w4a4_expanded_weights_min_tokens() -> int:
+    """Tokens from which the w4a4 GEMM expands its int4 weights to e4m3 in its workspace before the GEMM
+    (N x K bytes a call), so that the prefill tile reads them from shared memory instead of converting them."""
+    return int(_load().JaxW4a4W4A4ExpandedWeightsMinTokens())
+
+
 def w4a4_workspace_bytes(m: int, n: int, k: int, *, num_sms: int) -> int:
-    """Device workspace of one w4a4 GEMM launch planned for ``num_sms`` SMs: the stream-K partials and
-    flags of a decode launch whose column tiles do not divide over the SMs, else 0."""
+    """Device workspace of one w4a4 GEMM launch planned for ``num_sms`` SMs: the e4m3 weights expanded for a
+    long prefill (N x K bytes, :func:`w4a4_expanded_weights_min_tokens`), the stream-K partials of a decode
+    launch whose column tiles do not divide over the SMs, else 0."""
     return int(_load().JaxW4a4W4a4WorkspaceBytes(m, n, k, num_sms))
 
 

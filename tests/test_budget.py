@@ -73,7 +73,9 @@ def test_a_cluster_buys_no_shared_memory(pair):
 
 
 @pytest.mark.parametrize(
-    "shape", [(128, 8, 1, 64), (128, 16, 1, 64), (128, 32, 1, 64), (128, 64, 2, 64), (128, 128, 2, 32)]
+    "shape",
+    [(128, 8, 1, 64), (128, 16, 1, 64), (128, 32, 1, 64), (128, 64, 2, 64), (128, 128, 2, 32),
+     (128, 128, 2, 32, 8, True)],
 )
 def test_instantiated_plans_fit_and_are_tight(shape):
     plan = budget.w4a4_plan(*shape)
@@ -128,8 +130,39 @@ def test_activation_scale_rows_are_wgmma_rows_from_32_tokens(tile_m, cluster, pi
 
 def test_table_lists_every_instantiated_plan():
     text = budget.table()
-    assert text.count("w4a4_gemm sm90:") == 5
+    assert text.count("w4a4_gemm sm90:") == 6
+    assert text.count("expanded weights") == 1
     assert "DOES NOT FIT" not in text
+
+
+def test_expanded_weights_are_a_private_swizzled_operand_of_twice_the_bytes():
+    """The long-prefill instance reads e4m3 weights (a byte per value, expanded before the GEMM) as a wgmma
+    operand in shared memory with the 128-byte swizzle: 1 KB-aligned buffers, private to each CTA (the cluster
+    shares tokens, not columns), so each CTA issues and its barrier expects the whole 16 KB. The bytes cost
+    the 128-token tile a main stage (4 -> 3)."""
+    prepacked = budget.w4a4_plan(128, 128, 2, 32)
+    expanded = budget.w4a4_plan(128, 128, 2, 32, expanded_weights=True)
+    assert prepacked.object("weights").name.startswith("weights (int4")
+    weights = expanded.object("weights")
+    assert weights.name.startswith("weights (e4m3")
+    assert weights.bytes == 2 * prepacked.object("weights").bytes == 128 * 128
+    assert weights.sharing == Sharing.PRIVATE and weights.issued_bytes == weights.expected_tx_bytes == weights.bytes
+    assert weights.footprint == weights.stages * weights.bytes and weights.bytes % 1024 == 0
+    assert expanded.main_stage_tx_bytes == prepacked.main_stage_tx_bytes + 128 * 128 // 2
+    assert (prepacked.main_stages, expanded.main_stages) == (4, 3)
+    assert expanded.lora_stages == prepacked.lora_stages == 2
+    assert expanded.object("offset correction").bytes == 0
+
+
+def test_expanded_weights_serve_long_prefills_from_their_workspace():
+    """From w4a4_expanded_weights_min_tokens tokens the launch expands the weights into its workspace (N x K
+    bytes; the cluster tiles have no stream-K); below, the same tile converts them in registers."""
+    first = budget.w4a4_expanded_weights_min_tokens()
+    assert 128 < first <= 4096
+    for n, k in ((8192, 8192), (28672, 8192), (128, 128)):
+        assert budget.w4a4_workspace_bytes(first, n, k, num_sms=132) == n * k
+        assert budget.w4a4_workspace_bytes(8192, n, k, num_sms=132) == n * k
+        assert budget.w4a4_workspace_bytes(first - 1, n, k, num_sms=132) == 0
 
 
 # ---- act_quant: several small CTAs per SM, the ring solved for them ----

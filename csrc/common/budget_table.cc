@@ -34,8 +34,9 @@ std::string Describe(const W4A4Plan& p) {
   const auto& s = p.shape;
   std::snprintf(line, sizeof line,
                 "w4a4_gemm sm90: tile %d cols x %d tokens x %d k, cluster %d, low-rank chunk %d, "
-                "activations %d-bit\n",
-                s.tile_n, s.tile_m, jax_w4a4::sm90::kW4A4TileK, s.cluster, s.lora_chunk, s.act_value_bits);
+                "activations %d-bit%s\n",
+                s.tile_n, s.tile_m, jax_w4a4::sm90::kW4A4TileK, s.cluster, s.lora_chunk, s.act_value_bits,
+                s.expanded_weights ? ", expanded weights" : "");
   out += line;
   std::snprintf(line, sizeof line, "  %-32s %10s %7s %10s %10s %-10s %s\n", "object", "bytes", "stages",
                 "footprint", "issued", "multicast", "lifetime");
@@ -114,8 +115,9 @@ __attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
 // plan was solved against; then per object 7 values: bytes, stages,
 // sharing, lifetime, footprint, issued bytes, expected tx bytes. Returns the number of objects.
 __attribute__((visibility("default"))) int JaxW4a4W4A4Plan(int tile_n, int tile_m, int cluster, int lora_chunk,
-                                                            int act_value_bits, int64_t* out) {
-  const W4A4Plan p = jax_w4a4::sm90::SolveW4A4Plan({tile_n, tile_m, cluster, lora_chunk, act_value_bits});
+                                                            int act_value_bits, int expanded_weights, int64_t* out) {
+  const W4A4Plan p =
+      jax_w4a4::sm90::SolveW4A4Plan({tile_n, tile_m, cluster, lora_chunk, act_value_bits, expanded_weights != 0});
   int64_t* o = out;
   *o++ = p.main_stages;
   *o++ = p.lora_stages;
@@ -137,8 +139,12 @@ __attribute__((visibility("default"))) int JaxW4a4W4A4Plan(int tile_n, int tile_
   return W4A4Plan::kObjects;
 }
 
-__attribute__((visibility("default"))) const char* JaxW4a4W4A4ObjectName(int index) {
-  static const W4A4Plan p = jax_w4a4::sm90::SolveW4A4Plan(jax_w4a4::sm90::kW4A4Shapes[0]);
+// The objects' names: the same for every shape but the weights' (int4 prepacked or e4m3 expanded).
+__attribute__((visibility("default"))) const char* JaxW4a4W4A4ObjectName(int index, int expanded_weights) {
+  static const W4A4Plan prepacked = jax_w4a4::sm90::SolveW4A4Plan(jax_w4a4::sm90::kW4A4Shapes[0]);
+  static const W4A4Plan expanded =
+      jax_w4a4::sm90::SolveW4A4Plan(jax_w4a4::sm90::kW4A4Shapes[jax_w4a4::sm90::kW4A4ShapeCount - 1]);
+  const W4A4Plan& p = expanded_weights != 0 ? expanded : prepacked;
   return index >= 0 && index < W4A4Plan::kObjects ? p.objects[index].name : "";
 }
 
@@ -223,7 +229,12 @@ __attribute__((visibility("default"))) void JaxW4a4ArrivalCounterLimits(int64_t*
   for (int64_t v : values) *out++ = v;
 }
 
-// Workspace bytes of one w4a4_gemm launch planned for num_sms SMs (0 without stream-K), as above.
+// Tokens from which w4a4_gemm runs on expanded weights (w4a4_gemm_plan.h).
+__attribute__((visibility("default"))) int64_t JaxW4a4W4A4ExpandedWeightsMinTokens() {
+  return jax_w4a4::sm90::kW4A4ExpandedWeightsMinTokens;
+}
+
+// Workspace bytes of one w4a4_gemm launch planned for num_sms SMs (expanded weights, stream-K partials or 0).
 __attribute__((visibility("default"))) int64_t JaxW4a4W4a4WorkspaceBytes(int64_t m, int64_t n, int64_t k,
                                                                         int num_sms) {
   return jax_w4a4::sm90::W4A4WorkspaceBytes(m, n, k, num_sms);

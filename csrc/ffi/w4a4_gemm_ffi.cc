@@ -1,7 +1,8 @@
 // XLA FFI handler of `jax_w4a4_w4a4_gemm` (docs/layouts.md, w4a4_gemm): decode the buffers, check them
 // against the layout contract and the kernel's shape rules, launch csrc/kernels/sm90/w4a4_gemm.cu on
-// XLA's stream. The stream-K workspace is a second result that XLA allocates (the lowering sizes it with
-// W4A4WorkspaceBytes for the `num_sms` it plans for) and its stream-K flags are the library's own
+// XLA's stream. The workspace (stream-K partials, or a long prefill's expanded weights) is a second result
+// that XLA allocates (the lowering sizes it with W4A4WorkspaceBytes for the `num_sms` it plans for) and its
+// stream-K flags are the library's own
 // (common/arrival_counters.h), so the call needs no memset and can be captured in a CUDA graph.
 #include <cuda_runtime.h>
 

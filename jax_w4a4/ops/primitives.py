@@ -266,6 +266,11 @@ def w4a4_gemm(
     one contiguous row of scales per 128-column K-stage); the reference path unprepacks both. K is a
     multiple of 128.
 
+    On the GPU, a call of :func:`jax_w4a4.budget.w4a4_expanded_weights_min_tokens` tokens or more first
+    expands ``qweight`` to e4m3 codes in an N x K-byte scratch buffer that XLA allocates for the call (the
+    long-prefill kernel reads them from shared memory instead of converting them); decode calls need at most
+    the stream-K partials (:func:`jax_w4a4.budget.w4a4_workspace_bytes`).
+
     See :func:`jax_w4a4.reference.w4a4_gemm` for the math and ``docs/layouts.md`` for the layouts.
     """
     alpha = _empty(jnp.float32) if alpha is None else alpha

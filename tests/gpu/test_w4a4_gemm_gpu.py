@@ -5,7 +5,8 @@ The activations come from ``reference.act_quant`` on random X, the weights from
 layouts); the reference
 ``jax_w4a4.reference.w4a4_gemm`` runs on the CPU backend on the very same quantized arrays (logical
 weights), so a failure here is the GEMM's. The cases cover every token tile (8 to 64: one CTA; 128:
-clusters of 2 with the multicast token operand), masked token tails (a tile partly past M; a cluster's
+clusters of 2 with the multicast token operand; for long prefills on weights expanded to e4m3 before the
+GEMM), masked token tails (a tile partly past M; a cluster's
 second half wholly past M), the phantom column tile of an odd tile count, several tiles per persistent
 CTA, decode launches dealt over the CTAs by stream-K (tiles cut over up to ~6 CTAs whose partials the
 finishing CTA adds: M = 1, 7, 13, 16, 20, 40, 64 on ~132 SMs, see W4A4UsesStreamK), long K
@@ -52,6 +53,8 @@ CASES = [
     (150, 3072, 3072, 16, True, BF16, "fp8"),        # 128-token tile: last tile's second half wholly past M
     (333, 4096, 4096, 128, True, F16, "int4"),       # 128-token tile, 3 token tiles, 4 low-rank chunks
     (333, 128, 128, 32, False, F16, "fp8"),          # 128-token tile with a phantom column tile
+    # Long prefills: the 128-token tile on weights expanded to e4m3 before the GEMM (from 768 tokens).
+    (1100, 1536, 2048, 16, True, F16, "int4"),       # expanded weights, masked token tail
     (4096, 3072, 12288, 32, False, F16, "uint4"),    # prefill: long K, 384 cluster tiles (~6 per CTA)
     (4096, 14336, 4096, 128, True, BF16, "fp8"),     # prefill: wide N
     (4096, 4096, 4096, 0, True, BF16, "int4"),       # prefill: rank 0 with α/β
@@ -174,3 +177,27 @@ def test_w4a4_gemm_sm90_is_deterministic(m):
     first = np.asarray(gemm(*args))
     for _ in range(3):
         np.testing.assert_array_equal(np.asarray(gemm(*args)), first)
+
+
+@pytest.mark.parametrize("act_format, dtype", [("int4", BF16), ("fp8", F16)])
+def test_expanded_weights_give_the_register_path_bits(act_format, dtype):
+    """From w4a4_expanded_weights_min_tokens the prefill tile reads e4m3 weights expanded into the workspace
+    before the GEMM (w4a4_gemm_plan.h); below, it converts them in registers. Both feed the same e4m3 values
+    to the same wgmmas in the same order, so the first m - 1 rows of an m-token call equal an (m - 1)-token
+    call's bit for bit (and the rows match the reference in the CASES above)."""
+    sms = _library.cuda_sm_count()
+    m, n, k = budget.w4a4_expanded_weights_min_tokens(), 1280, 1536
+    assert budget.w4a4_workspace_bytes(m, n, k, num_sms=sms) == n * k
+    assert budget.w4a4_workspace_bytes(m - 1, n, k, num_sms=sms) == 0
+    q_x, s_x, la, qweight, wscales, lora_up, alpha, bias = _make_inputs(
+        jax.random.key(23), m=m, n=n, k=k, rank=32, dtype=dtype, act_format=act_format)
+    gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format=act_format))
+    weights = (*_kernel_layouts(qweight, wscales), lora_up, alpha, bias)
+    _poison_output_memory((m, n), dtype)
+    expanded = np.asarray(gemm(q_x, s_x, la, *weights))
+    _poison_output_memory((m - 1, n), dtype)
+    registers = np.asarray(gemm(q_x[: m - 1], s_x[: m - 1], la[: m - 1], *weights))
+    assert np.isfinite(expanded.astype(np.float32)).all()
+    np.testing.assert_array_equal(expanded[: m - 1].view(np.uint16), registers.view(np.uint16))
+    ref = _cpu_reference(q_x[-2:], s_x[-2:], la[-2:], qweight, wscales, lora_up, alpha, bias, act_format)
+    assert _relative_error(expanded[-2:].astype(np.float32), ref) < TOLERANCE[dtype]

@@ -1,15 +1,17 @@
 // w4a4_gemm (sm_90a): the warp-specialized persistent W4A4 GEMM with the fused low-rank branch.
 // Byte contract: docs/layouts.md, section w4a4_gemm; the weights are prepacked (formats/svdq_layout.py).
+// Kernels: W4A4GemmKernel, and for long prefills ExpandWeightsKernel before it (expanded weights, below).
 //
 //   Y[m,n] = α[n] Σ_g s_x[m,g(k)] s_w[n,g] Σ_{k∈g} x[m,k] q_w[n,k]  +  Σ_j half(LA[m,j]) L_up[j,n]  +  β[n]
 //
 // Orientation (A/B swap). A CTA computes a tile of Yᵀ: kTileN = 128 output columns (the wgmma M side,
 // 64 per consumer warpgroup) x kTileM tokens (the wgmma N side: 8, 16, 32, 64 or 128, picked by M, so
-// decode and prefill run the same kernel). The int4 weights are the A operand FROM REGISTERS: each
-// consumer thread loads its fragments of a group of 64 with one 16-byte LDS (the prepacked layout),
-// converts int4 -> e4m3 in registers and issues dense wgmma m64nNk32 .e4m3.e4m3. The activations
-// (e4m3 codes for every act_format) are the B operand in shared memory, loaded by TMA with the 128-byte
-// swizzle, K-major. Two conversions, picked by the token tile (W4A4OffsetWeights):
+// decode and prefill run the same kernel; 128 twice: with and without expanded weights). Below
+// kW4A4ExpandedWeightsMinTokens tokens the int4 weights are the A operand FROM REGISTERS: each consumer
+// thread loads its fragments of a group of 64 with one 16-byte LDS (the prepacked layout), converts
+// int4 -> e4m3 in registers and issues dense wgmma m64nNk32 .e4m3.e4m3. The activations (e4m3 codes for
+// every act_format) are the B operand in shared memory, loaded by TMA with the 128-byte swizzle, K-major.
+// Two conversions, picked by the token tile (W4A4OffsetWeights):
 //   prefill (64, 128 tokens): exact, a prmt table lookup (q in [-8, 7] is exact in e4m3), 11 instructions
 //     per 8 weights; the tensor cores are the bound there, so no extra wgmma (session 16, 8192^3: offset codes
 //     with the correction wgmmas 1.71 -> 1.89-1.93 ms; without any correction, wrong numbers, 1.43).
@@ -19,6 +21,11 @@
 //     tile in shared memory: no registers, no instructions) adds -8·2^-9 Σ_k x, so the partial is
 //     2^-9 Σ x q (e4m3 products are exact; the tensor core's accumulation rounds as before, on partials
 //     up to ~2x larger); 2^9 is applied with α. Same B operand for int4, uint4 and fp8 activations.
+// Expanded weights (long prefills, from kW4A4ExpandedWeightsMinTokens tokens, the last instance: the 128-token
+//   tile): ExpandWeightsKernel first writes the whole weight matrix as e4m3 codes, (n, k) row-major, into
+//   the workspace (with the prefill table above: exact), and the GEMM's TMA loads 16 KB stages of it with
+//   the 128-byte swizzle, so the wgmmas read A from shared memory like B: no fragment loads, no conversion
+//   in the consumers. Session 19: 8192^3 1708-1718 -> 1397 us, the pass included (w4a4_gemm_plan.h).
 //
 // Persistent tile scheduler. grid = min(co-resident clusters, cluster tiles) x cluster CTAs; cluster
 // tile c covers one token tile and `kCluster` adjacent column tiles; CTAs walk the cluster tiles in a
@@ -50,7 +57,8 @@
 //
 // Three pipelines, each with its own mbarriers and one explicit PipeState {index, phase} per role,
 // advanced explicitly; no full-CTA barrier joins them (named barriers are per consumer warpgroup):
-//   main      kStages x [weights int4 8 KB | weight scales | activations e4m3 | activation scales]
+//   main      kStages x [weights int4 8 KB (expanded: e4m3 16 KB) | weight scales | activations e4m3 |
+//             activation scales]
 //   low-rank  kLoraStages x [L_up chunk | LA chunk fp32 | LA chunk in the MMA dtype | α, β] per chunk of
 //             kLoraChunk ranks (a tile has max(1, ceil(rank / kLoraChunk)) items; item 0 carries α/β)
 //   epilogue  one staging tile per consumer warpgroup; its TMA store is awaited (bulk wait_group.read)
@@ -135,6 +143,7 @@
 //     32       1        1          8             2          176384 B   (16-byte activation-scale rows)
 //     64       1        1          7             2          226048 B   (16-byte activation-scale rows)
 //    128       2        1          4             2          209024 B   (of 231424: 227 KB less the slack)
+//    128       2        1          3             2          206464 B   (expanded weights: 16 KB stages)
 // Two CTAs per SM (8- and 16-token tiles, W4A4CtasPerSm): each plan is solved against half the SM
 // (114688 B with the slack and the driver's 1 KB), registers 80 per thread at launch, so setmaxnreg
 // moves 40 -> producers and 96 -> consumers inside each CTA's pool of 384 x 80.
@@ -237,6 +246,7 @@ constexpr int ConsumerRegisters(int ctas_per_sm) {
 static_assert(ConsumerRegisters(1) == 232 && ConsumerRegisters(2) == 96, "register split");
 constexpr int kRasterGroup = 8;        // token tiles per rasterization group
 constexpr int kWeightBlockBytes = 2048;  // 64 rows x 64 k: one group of one consumer warpgroup (prepacked)
+constexpr int kExpandedRowsBytes = 64 * kW4A4TileK;  // a consumer warpgroup's rows of an expanded-weights stage
 constexpr int kMaxRank = 256;
 
 template <int kShapeIndex>
@@ -270,11 +280,14 @@ struct Config {
   // offset with two more wgmmas per unit; prefill tiles keep the exact table lookup (there the extra
   // wgmmas would cost tensor time).
   static constexpr bool kOffsetWeights = W4A4OffsetWeights(kShape);
+  // Long prefills: e4m3 weights expanded before the GEMM (ExpandWeightsKernel), wgmma A from shared memory.
+  static constexpr bool kExpandedWeights = kShape.expanded_weights;
+  static_assert(!(kOffsetWeights && kExpandedWeights));
   static constexpr int kCorrectionBytes = kOffsetWeights ? kW4A4CorrectionBytes : 0;
   static constexpr int kHalfRows = kTileM / kCluster;        // token rows each CTA of the cluster issues
 
   // One buffer of each object (bytes), as the kernel uses it.
-  static constexpr int kWeightBytes = kTileN * kTileK / 2;
+  static constexpr int kWeightBytes = kExpandedWeights ? kTileN * kTileK : kTileN * kTileK / 2;
   static constexpr int kWeightScaleBytes = kTileN * 4;       // 2 groups x 16-bit per column
   static constexpr int kActBytes = kTileM * kTileK;          // e4m3 codes
   static constexpr int kActHalfBytes = kHalfRows * kTileK;
@@ -383,6 +396,8 @@ struct Smem {
   static constexpr int64_t kEnd = kCorrection + Footprint(kObjCorrection);
   static_assert(kEnd == C::kPlan.total_bytes(), "layout == plan");
   static_assert(kActivations % 1024 == 0 && Stride(kObjActivations) % 1024 == 0, "swizzled B operand");
+  static_assert(!C::kExpandedWeights || (kWeights % 1024 == 0 && Stride(kObjWeights) % 1024 == 0),
+                "swizzled A operand (expanded weights)");
   static_assert(kLoraUp % 1024 == 0 && Stride(kObjLoraUp) % 1024 == 0, "swizzled A operand");
   static_assert(kLaHalf % 1024 == 0 && Stride(kObjLaHalf) % 1024 == 0, "swizzled LA operand");
   static_assert(kStaging % 1024 == 0 && C::kTileM * 128 % 1024 == 0, "swizzled staging, per warpgroup");
@@ -611,6 +626,48 @@ __device__ __forceinline__ void WeightFragments(uint4 raw, uint32_t (&a)[8]) {
   }
 }
 
+// Expanded weights (the prefill instance on them, kW4A4ExpandedWeightsMinTokens): the prepacked int4 weights as
+// e4m3 codes, (n, k) row-major bytes, converted with the consumers' exact table (WeightFragments). A CTA of 128
+// threads takes 64 rows x 128 k (two prepacked blocks, each thread 2 x 16 bytes), places each fragment register
+// where the wgmma A fragment order puts it (formats/svdq_layout.py: register r of k-step s holds row
+// 16 w + g + 8 (r & 1), columns 32 s + 16 (r >> 1) + 4 t + {0..3}) in a shared tile, and stores the tile as
+// whole 128-byte rows. (Storing the registers straight to global memory, 8 rows x 16 bytes per warp store,
+// made 8192³ 31 us slower, 1428 against 1397 us, and 1 x 8192² 32 us: session 19.)
+constexpr int kExpandTileK = 128;
+constexpr int kExpandPitch = kExpandTileK + 16;  // a warp's fragment stores land in 32 distinct banks (4 g + t)
+
+__global__ void __launch_bounds__(kConsumerThreads) ExpandWeightsKernel(const uint4* __restrict__ prepacked,
+                                                                        uint8_t* __restrict__ expanded, int k) {
+  __shared__ __align__(16) uint8_t tile[64 * kExpandPitch];
+  const int k_tiles = k / kExpandTileK;
+  const int nb = blockIdx.x / k_tiles;
+  const int kt = blockIdx.x % k_tiles;
+  const int tid = threadIdx.x;
+  const int w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+#pragma unroll
+  for (int h = 0; h < kExpandTileK / 64; ++h) {
+    uint32_t a[8];
+    const int64_t block = int64_t{nb} * (k / 64) + kt * (kExpandTileK / 64) + h;
+    WeightFragments<false>(prepacked[block * kConsumerThreads + tid], a);
+#pragma unroll
+    for (int o = 0; o < 8; ++o) {
+      const int s = o / 4, r = o % 4;
+      const int row = 16 * w + g + 8 * (r & 1);
+      const int col = 64 * h + 32 * s + 16 * (r >> 1) + 4 * t;
+      *reinterpret_cast<uint32_t*>(&tile[row * kExpandPitch + col]) = a[o];
+    }
+  }
+  __syncthreads();
+  constexpr int kChunks = kExpandTileK / 16;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = tid; i < 64 * kChunks; i += kConsumerThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const uint4 v = *reinterpret_cast<const uint4*>(&tile[row * kExpandPitch + 16 * chunk]);
+    *reinterpret_cast<uint4*>(expanded + (64 * int64_t{nb} + row) * k + kt * kExpandTileK + 16 * chunk) = v;
+  }
+}
+static_assert(kW4A4TileK % kExpandTileK == 0, "K is a multiple of the expansion tile");
+
 template <class T>
 __device__ __forceinline__ float HalfBitsToFloat(uint32_t bits16) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -773,9 +830,14 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
       if (lane == 0) {
         MbarArriveExpectTx(full, tx);
         if (tile.valid) {
-          // Prepacked (k/64 blocks of 2048 B) x (n/64): box (2048 B, 2 groups, 2 warpgroups).
-          tma::TmaLoad3dHint(tm_w, smem + L::kWeights + s * L::Stride(kObjWeights), full, 0, 2 * ks, tile.n0 / 64,
-                    weight_policy);
+          const uint32_t weights = smem + L::kWeights + s * L::Stride(kObjWeights);
+          if constexpr (C::kExpandedWeights) {
+            // Expanded (n, k) e4m3: box (128 k, 128 rows), 128-byte swizzle; warpgroup w's rows at w x 8 KB.
+            tma::TmaLoad2dHint(tm_w, weights, full, ks * C::kTileK, tile.n0, weight_policy);
+          } else {
+            // Prepacked (k/64 blocks of 2048 B) x (n/64): box (2048 B, 2 groups, 2 warpgroups).
+            tma::TmaLoad3dHint(tm_w, weights, full, 0, 2 * ks, tile.n0 / 64, weight_policy);
+          }
           // Stage-major scales: the tile's [column][group 0, group 1] rows of stage ks are contiguous.
           BulkLoad(smem + L::kWeightScales + s * L::Stride(kObjWeightScales),
                    p.wscales + (int64_t{ks} * p.n + tile.n0) * 4, C::kWeightScaleBytes, full);
@@ -1009,7 +1071,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     constexpr int kSets = kUnits < kPartSets ? kUnits : kPartSets;
     static_assert(!kScaleMma || kSets >= 2, "unit u's products are issued while unit u - 1's are being promoted");
     int stage[kU] = {};
-    uint32_t a[kU][2][8];
+    [[maybe_unused]] uint32_t a[kU][2][8];  // the register A fragments (not with expanded weights)
     uint32_t act_scales[kU];
     // Promotion with the scale wgmma: its A operand, group gi's weight scales at k = gi (lanes with t == 0).
     [[maybe_unused]] uint32_t sw_frag[kU][2][4];
@@ -1053,10 +1115,15 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
           sw[j][gi][1] = GroupScale<OutT, false>(sw_word1, gi);
         }
       }
-      const uint32_t weights =
-          smem + L::kWeights + stage[j] * L::Stride(kObjWeights) + wg * 2 * kWeightBlockBytes + 16 * tid;
-      WeightFragments<C::kOffsetWeights>(Lds128(weights), a[j][0]);
-      WeightFragments<C::kOffsetWeights>(Lds128(weights + kWeightBlockBytes), a[j][1]);
+      const uint32_t weights = smem + L::kWeights + stage[j] * L::Stride(kObjWeights);
+      // Expanded weights: this warpgroup's 64 rows x 128 k, K-major with the 128-byte swizzle (as the activations).
+      [[maybe_unused]] const uint64_t desc_w =
+          MakeSmemDesc(weights + wg * kExpandedRowsBytes, 16, 8 * C::kTileK, kSwizzle128B);
+      if constexpr (!C::kExpandedWeights) {
+        const uint32_t fragments = weights + wg * 2 * kWeightBlockBytes + 16 * tid;
+        WeightFragments<C::kOffsetWeights>(Lds128(fragments), a[j][0]);
+        WeightFragments<C::kOffsetWeights>(Lds128(fragments + kWeightBlockBytes), a[j][1]);
+      }
       act_scales[j] = smem + L::kActScales + stage[j] * L::Stride(kObjActScales);
       if constexpr (!kScaleMma) {
 #pragma unroll
@@ -1082,7 +1149,11 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
           const uint64_t desc_b = desc_x + ((offset + 32 * kk) >> 4);
-          Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4 * kk, desc_b, kk);
+          if constexpr (C::kExpandedWeights) {
+            Wgmma<kSliceN>::E4m3Smem(part[u % kSets], desc_w + ((64 * gi + 32 * kk) >> 4), desc_b, kk);
+          } else {
+            Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4 * kk, desc_b, kk);
+          }
           if constexpr (C::kOffsetWeights) Wgmma<kSliceN>::E4m3Smem(part[u % kSets], desc_correction, desc_b);
         }
         if constexpr (kScaleMma) {
@@ -1371,6 +1442,8 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
 // ---------------------------------------------------------------------------------------------------
 // Host side.
 
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 int SmCount() {
   int device = 0;
   int count = 0;
@@ -1393,11 +1466,27 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_w{}, tm_x{}, tm_la{}, tm_up{}, tm_y{};
   const CUtensorMapDataType half = std::is_same_v<OutT, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  // Prepacked weights as (256 x u64 per 64 x 64 block, k/64, n/64); a stage is 2 x 2 blocks.
-  bool ok = EncodeTiled<3>(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT64, args.qweight,
-                           {kWeightBlockBytes / 8, uint64_t(k / 64), uint64_t(n / 64)},
-                           {kWeightBlockBytes, uint64_t(k / 64) * kWeightBlockBytes}, {kWeightBlockBytes / 8, 2, 2},
-                           CU_TENSOR_MAP_SWIZZLE_NONE);
+  bool ok;
+  if constexpr (C::kExpandedWeights) {
+    // Expanded e4m3 weights in the workspace, written by ExpandWeightsKernel right before the GEMM.
+    if (args.workspace == nullptr || args.workspace_bytes < W4A4ExpandedWeightsBytes(C::kShape, n, k) ||
+        !Aligned16(args.workspace)) {
+      return cudaErrorInvalidValue;
+    }
+    auto* expanded = static_cast<uint8_t*>(args.workspace);
+    const auto blocks = static_cast<unsigned>(int64_t{n / 64} * (k / kExpandTileK));
+    ExpandWeightsKernel<<<blocks, kConsumerThreads, 0, stream>>>(reinterpret_cast<const uint4*>(args.qweight),
+                                                                 expanded, k);
+    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+    ok = EncodeTiled<2>(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, expanded, {uint64_t(k), uint64_t(n)}, {uint64_t(k)},
+                        {uint32_t(C::kTileK), uint32_t(C::kTileN)}, CU_TENSOR_MAP_SWIZZLE_128B);
+  } else {
+    // Prepacked weights as (256 x u64 per 64 x 64 block, k/64, n/64); a stage is 2 x 2 blocks.
+    ok = EncodeTiled<3>(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT64, args.qweight,
+                        {kWeightBlockBytes / 8, uint64_t(k / 64), uint64_t(n / 64)},
+                        {kWeightBlockBytes, uint64_t(k / 64) * kWeightBlockBytes}, {kWeightBlockBytes / 8, 2, 2},
+                        CU_TENSOR_MAP_SWIZZLE_NONE);
+  }
   ok = ok && EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT8, args.q_x, {uint64_t(k), uint64_t(m)}, {uint64_t(k)},
                             {uint32_t(C::kTileK), uint32_t(C::kHalfRows)}, CU_TENSOR_MAP_SWIZZLE_128B);
   ok = ok && EncodeTiled<2>(&tm_y, half, args.y, {uint64_t(n), uint64_t(m)}, {uint64_t(n) * 2},
@@ -1471,7 +1560,8 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_la, tm_up, tm_y, p);
 }
 
-// Token tile by M (the plan's kW4A4Shapes order): 8, 16, 32, 64 or 128 (cluster 2).
+// Token tile by M (the plan's kW4A4Shapes order): 8, 16, 32, 64 or 128 (cluster 2), and from
+// kW4A4ExpandedWeightsMinTokens the 128 tile on expanded weights.
 template <class OutT, bool kFp8Act>
 cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   switch (W4A4ShapeIndexForTokens(args.m)) {
@@ -1483,16 +1573,17 @@ cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
       return LaunchShape<2, OutT, kFp8Act>(args, stream);
     case 3:
       return LaunchShape<3, OutT, kFp8Act>(args, stream);
-    default:
+    case 4:
       return LaunchShape<4, OutT, kFp8Act>(args, stream);
+    default:
+      return LaunchShape<5, OutT, kFp8Act>(args, stream);
   }
 }
 
-static_assert(kW4A4ShapeCount == 5 && kW4A4Shapes[0].tile_m == 8 && kW4A4Shapes[1].tile_m == 16 &&
-                  kW4A4Shapes[2].tile_m == 32 && kW4A4Shapes[3].tile_m == 64 && kW4A4Shapes[4].tile_m == 128,
-              "W4A4ShapeIndexForTokens walks the plan's shapes by increasing token tile");
-
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+static_assert(kW4A4ShapeCount == 6 && kW4A4Shapes[0].tile_m == 8 && kW4A4Shapes[1].tile_m == 16 &&
+                  kW4A4Shapes[2].tile_m == 32 && kW4A4Shapes[3].tile_m == 64 && kW4A4Shapes[4].tile_m == 128 &&
+                  !kW4A4Shapes[4].expanded_weights && kW4A4Shapes[5].expanded_weights,
+              "W4A4ShapeIndexForTokens walks the plan's shapes by increasing token tile, expanded weights last");
 
 }  // namespace
 

@@ -2,11 +2,12 @@
 // The kernel static_asserts these plans; python -m jax_w4a4.budget prints them; tests/test_budget.py
 // checks every amortize-vs-replicate decision.
 //
-// Tile: a CTA computes Yᵀ[tile_n columns of Y, tile_m tokens]: the int4 weights are the wgmma A operand
-// (converted to e4m3 in registers, 64 output columns per consumer warpgroup), the activations the B
-// operand in shared memory (tile_m tokens). A cluster of `cluster` CTAs runs along N: its CTAs share the
-// token tile, which is multicast (activations, their scales and LA); weights, weight scales and L_up
-// are private to each CTA.
+// Tile: a CTA computes Yᵀ[tile_n columns of Y, tile_m tokens]: the weights are the wgmma A operand (int4
+// converted to e4m3 in registers, or, in the expanded-weights instance for long prefills, e4m3 codes that a
+// pass before the GEMM wrote to the workspace, read from shared memory; 64 output columns per consumer
+// warpgroup), the activations the B operand in shared memory (tile_m tokens). A cluster of `cluster` CTAs
+// runs along N: its CTAs share the token tile, which is multicast (activations, their scales and LA);
+// weights, weight scales and L_up are private to each CTA.
 //
 // Pipelines, each with its own stages and per-role pipe state:
 //   main      per K-stage of 128: weights, weight scales, activations, activation scales
@@ -28,6 +29,7 @@ struct W4A4Shape {
   int cluster;         // CTAs per cluster along N (1 or 2); they multicast the token operand
   int lora_chunk;      // ranks per low-rank stage (multiple of 16)
   int act_value_bits;  // bits per activation value in shared memory (8: e4m3 codes)
+  bool expanded_weights = false;  // e4m3 weights expanded per call (W4A4ExpandedWeightsBytes), A from shared memory
 };
 
 inline constexpr int kW4A4TileK = 128;          // K per main stage: two weight groups of 64
@@ -51,6 +53,21 @@ inline constexpr int kW4A4CorrectionBytes = 64 * 32;
 // 62.0 -> 59.6 us).
 constexpr bool W4A4ScaleProductMma(const W4A4Shape& s) { return s.tile_m >= 32; }
 constexpr int W4A4ActScalePitch(const W4A4Shape& s) { return W4A4ScaleProductMma(s) ? 16 : 4; }
+
+// Expanded weights (prefill from kW4A4ExpandedWeightsMinTokens tokens): the GEMM's consumers spent ~18% of
+// a long prefill turning int4 fragments into e4m3 in registers (16-byte loads, prmt tables, wgmma with A from
+// registers). Instead a pass before the GEMM expands the whole weight matrix into e4m3 codes, (n, k) row-major
+// bytes in the workspace (N x K bytes: 64 MB at 8192²), and the GEMM's TMA brings 16 KB stages of them into
+// shared memory for wgmma A descriptors, as it does the activations (3 main stages instead of 4). The pass
+// streams 1.5 N x K bytes, once per call, so it pays from some hundreds of tokens. Session 19
+// (benchmarks/NOTES.md), us, prepacked -> expanded: 8192³ 1708-1718 -> 1397; 1024 x 8192² 228 -> 203;
+// 768 tokens: 8192² 175 -> 159, 4096² 64 -> 56, 28672 x 8192 603 -> 564; 512 tokens: 8192² 122 -> 117 but
+// 28672 x 8192 389 -> 396; 256 tokens: 8192² 63 -> 75.
+inline constexpr int64_t kW4A4ExpandedWeightsMinTokens = 768;
+
+constexpr int64_t W4A4ExpandedWeightsBytes(const W4A4Shape& s, int64_t n, int64_t k) {
+  return s.expanded_weights ? n * k : 0;
+}
 
 // CTAs per SM an instance is built for (__launch_bounds__, registers, shared memory). Decode tiles up to
 // 16 tokens issue little per stage and wait on the latency of each warp's chain (LDS, conversion, wgmma,
@@ -119,7 +136,10 @@ constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
       main_stages,
       lora_stages,
       {
-          {"weights (int4, prepacked)", s.tile_n * k / 2, main_stages, Sharing::kPrivate, Lifetime::kMainLoop, bulk},
+          // Expanded: a wgmma operand with the 128-byte swizzle, as the activations.
+          {s.expanded_weights ? "weights (e4m3, expanded)" : "weights (int4, prepacked)",
+           s.expanded_weights ? s.tile_n * k : s.tile_n * k / 2, main_stages, Sharing::kPrivate, Lifetime::kMainLoop,
+           s.expanded_weights ? swizzled : bulk},
           {"weight scales (16-bit)", s.tile_n * groups * 2, main_stages, Sharing::kPrivate, Lifetime::kMainLoop, bulk},
           {"activations", s.tile_m * k * s.act_value_bits / 8, main_stages, tokens, Lifetime::kMainLoop, swizzled},
           // int4: two 16-bit scales per 128 k; fp8: one fp32 scale per 128 k — 4 bytes per token either way,
@@ -158,24 +178,30 @@ constexpr W4A4Plan SolveW4A4Plan(W4A4Shape s) {
 // The shapes the kernel instantiates, by token count: decode tiles up to 64 tokens without a cluster (their
 // token operand is small, and stream-K can deal their few column tiles over every SM: 64 x 8192² ran on 64
 // CTAs as clusters of 2, 47.6 -> 29.5 us with stream-K, session 9) up to prefill (128 tokens, cluster of 2
-// sharing them).
+// sharing them), and the same prefill tile on expanded weights from kW4A4ExpandedWeightsMinTokens tokens.
 inline constexpr W4A4Shape kW4A4Shapes[] = {
     {128, 8, 1, 64, 8},
     {128, 16, 1, 64, 8},
     {128, 32, 1, 64, 8},
     {128, 64, 1, 64, 8},
     {128, 128, 2, 32, 8},
+    {128, 128, 2, 32, 8, true},
 };
 
 inline constexpr int kW4A4ShapeCount = sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]);
 
-// The instance that serves M tokens: the smallest token tile that holds them (128 beyond).
+// The instance that serves M tokens: the smallest token tile that holds them (128 beyond), on expanded
+// weights from kW4A4ExpandedWeightsMinTokens.
 constexpr int W4A4ShapeIndexForTokens(int64_t m) {
-  for (int i = 0; i + 1 < kW4A4ShapeCount; ++i) {
+  if (m >= kW4A4ExpandedWeightsMinTokens) return kW4A4ShapeCount - 1;
+  for (int i = 0; i + 2 < kW4A4ShapeCount; ++i) {
     if (m <= kW4A4Shapes[i].tile_m) return i;
   }
-  return kW4A4ShapeCount - 1;
+  return kW4A4ShapeCount - 2;
 }
+static_assert(kW4A4Shapes[kW4A4ShapeCount - 1].expanded_weights && kW4A4Shapes[kW4A4ShapeCount - 1].cluster > 1 &&
+                  kW4A4Shapes[kW4A4ShapeCount - 1].tile_m == kW4A4Shapes[kW4A4ShapeCount - 2].tile_m,
+              "the last instance is the prefill tile on expanded weights (no stream-K: its workspace is the weights)");
 
 // ---- Stream-K (decode tiles, no cluster)
 // The persistent grid runs whole tiles in rounds; when the tiles do not divide over the CTAs (28672
@@ -210,10 +236,12 @@ constexpr bool W4A4FlagsFitPool() {
 }
 static_assert(W4A4FlagsFitPool(), "w4a4's stream-K flags must fit the pool");
 
-// Workspace bytes of one launch planned for num_sms SMs (0 without stream-K), for the instance's CTAs per
-// SM: the FFI lowering sizes the op's workspace result with it (jax_w4a4/ops/primitives.py).
+// Workspace bytes of one launch planned for num_sms SMs, for the instance's CTAs per SM: the expanded
+// weights, or the stream-K partials, or 0. The FFI lowering sizes the op's workspace result with it
+// (jax_w4a4/ops/primitives.py).
 constexpr int64_t W4A4WorkspaceBytes(int64_t m, int64_t n, int64_t k, int64_t num_sms) {
   const W4A4Shape s = kW4A4Shapes[W4A4ShapeIndexForTokens(m)];
+  if (s.expanded_weights) return W4A4ExpandedWeightsBytes(s, n, k);
   const int64_t ctas = num_sms * W4A4CtasPerSm(s);
   if (!W4A4UsesStreamK(m, n, k, ctas)) return 0;
   return W4A4StreamKWorkspaceBytes(s.tile_m, ctas);
