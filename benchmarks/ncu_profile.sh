@@ -3,7 +3,8 @@
 # card's own clocks. Reports go to $OUT (or /tmp/ncu); a short digest is printed.
 #   bash benchmarks/ncu_profile.sh [case ...]     (default: every case)
 #   bash benchmarks/ncu_profile.sh stalls case... (instructions executed and stall reasons per issue)
-#   bash benchmarks/ncu_profile.sh durations case... (duration of every launch of the cases' kernels)
+#   bash benchmarks/ncu_profile.sh durations case... (duration of every launch of the cases' kernels; a long
+#                                                     w4a4 prefill is two: ExpandWeightsKernel, then the GEMM)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} JAX_W4A4_LIBRARY=${JAX_W4A4_LIBRARY:-$PWD/build/libjax_w4a4.so}
@@ -21,7 +22,7 @@ if [ "${1:-}" = chain ]; then  # every kernel of the benchmark chain, durations 
 fi
 if [ "${1:-}" = durations ]; then  # every launch of the cases' kernels, duration only (cold L2 each)
   shift
-  timeout 300 ncu --clock-control none --cache-control all -k "regex:W4A4|W4a16|ActQuant" \
+  timeout 300 ncu --clock-control none --cache-control all -k "regex:W4A4|W4a16|ActQuant|ExpandWeights" \
     --metrics gpu__time_duration.sum python3 benchmarks/profile_kernels.py "$@" > "$logs/ncu_durations.txt" 2>&1
   grep -E "^  [A-Za-z_].*\(|gpu__time_duration" "$logs/ncu_durations.txt" | paste - - |
     sed -E 's/^ +(void )?//; s/\(jax_w4a4::[^)]*\)//; s/, Context.*gpu__time_duration.sum//; s/  +/ /g'

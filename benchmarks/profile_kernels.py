@@ -1,6 +1,6 @@
 """Run each CUDA kernel once at its benchmark shapes, for Nsight Compute (ncu) to profile.
 
-    ncu --clock-control none -k regex:'W4A4|W4a16|ActQuant' python benchmarks/profile_kernels.py [case ...]
+    ncu --clock-control none -k regex:'W4A4|W4a16|ActQuant|ExpandWeights' python benchmarks/profile_kernels.py [case ...]
 
 Cases: w4a4_prefill (8192³, rank 32), w4a4_decode / w4a4_decode16 (1 / 16 x 28672 x 8192), act_quant (4096 x 4096, rank 32),
 w4a16_m1 / w4a16_m16 (28672 x 8192, g128), w4a16_8k_m1 / w4a16_8k_m16 (8192 x 8192, g128). Each case compiles, warms up once, then runs once more, so
