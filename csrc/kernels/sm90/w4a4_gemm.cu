@@ -1469,7 +1469,7 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   bool ok;
   if constexpr (C::kExpandedWeights) {
     // Expanded e4m3 weights in the workspace, written by ExpandWeightsKernel right before the GEMM.
-    if (args.workspace == nullptr || args.workspace_bytes < W4A4ExpandedWeightsBytes(C::kShape, n, k) ||
+    if (args.workspace == nullptr || args.workspace_bytes < W4A4ExpandedWeightsBytes(n, k) ||
         !Aligned16(args.workspace)) {
       return cudaErrorInvalidValue;
     }

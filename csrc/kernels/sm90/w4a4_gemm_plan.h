@@ -65,9 +65,8 @@ constexpr int W4A4ActScalePitch(const W4A4Shape& s) { return W4A4ScaleProductMma
 // 28672 x 8192 389 -> 396; 256 tokens: 8192² 63 -> 75.
 inline constexpr int64_t kW4A4ExpandedWeightsMinTokens = 768;
 
-constexpr int64_t W4A4ExpandedWeightsBytes(const W4A4Shape& s, int64_t n, int64_t k) {
-  return s.expanded_weights ? n * k : 0;
-}
+// The expanded weights in the workspace: one e4m3 byte per value, (n, k) row-major.
+constexpr int64_t W4A4ExpandedWeightsBytes(int64_t n, int64_t k) { return n * k; }
 
 // CTAs per SM an instance is built for (__launch_bounds__, registers, shared memory). Decode tiles up to
 // 16 tokens issue little per stage and wait on the latency of each warp's chain (LDS, conversion, wgmma,
@@ -241,7 +240,7 @@ static_assert(W4A4FlagsFitPool(), "w4a4's stream-K flags must fit the pool");
 // (jax_w4a4/ops/primitives.py).
 constexpr int64_t W4A4WorkspaceBytes(int64_t m, int64_t n, int64_t k, int64_t num_sms) {
   const W4A4Shape s = kW4A4Shapes[W4A4ShapeIndexForTokens(m)];
-  if (s.expanded_weights) return W4A4ExpandedWeightsBytes(s, n, k);
+  if (s.expanded_weights) return W4A4ExpandedWeightsBytes(n, k);
   const int64_t ctas = num_sms * W4A4CtasPerSm(s);
   if (!W4A4UsesStreamK(m, n, k, ctas)) return 0;
   return W4A4StreamKWorkspaceBytes(s.tile_m, ctas);
