@@ -96,6 +96,28 @@ def test_main_stages_come_before_low_rank_stages():
     assert plan.lora_stages == 1  # two low-rank stages of 64 ranks would push the main loop under 3
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [(128, 8, 1, 64), (128, 16, 1, 64), (128, 32, 1, 64), (128, 64, 1, 64), (128, 128, 2, 32),
+     (128, 128, 2, 32, 8, True), (128, 128, 2, 64)],
+)
+def test_a_second_low_rank_stage_is_worth_less_than_two_main_stages(shape):
+    """Recomputes both candidate plans from the solved one's bytes: one low-rank stage where it buys two more
+    main stages (or where two would leave fewer than three), else two."""
+    plan = budget.w4a4_plan(*shape)
+    lora_stage = sum(o.footprint // o.stages for o in plan.objects if o.lifetime == Lifetime.LOW_RANK)
+    fixed = plan.total_bytes - plan.main_stages * plan.main_stage_bytes - plan.lora_stages * lora_stage
+
+    def most_main_stages(lora_stages: int) -> int:
+        return min(8, (plan.smem_limit - fixed - lora_stages * lora_stage) // plan.main_stage_bytes)
+
+    one, two = most_main_stages(1), most_main_stages(2)
+    if two < 3 or one >= two + 2:
+        assert (plan.main_stages, plan.lora_stages) == (one, 1)
+    else:
+        assert (plan.main_stages, plan.lora_stages) == (two, 2)
+
+
 def test_stage_bytes_follow_the_tile():
     plan = budget.w4a4_plan(128, 32, 1)
     assert plan.object("weights").bytes == 128 * 128 // 2  # int4: half a byte per value
@@ -139,7 +161,7 @@ def test_expanded_weights_are_a_private_swizzled_operand_of_twice_the_bytes():
     """The long-prefill instance reads e4m3 weights (a byte per value, expanded before the GEMM) as a wgmma
     operand in shared memory with the 128-byte swizzle: 1 KB-aligned buffers, private to each CTA (the cluster
     shares tokens, not columns), so each CTA issues and its barrier expects the whole 16 KB. The bytes cost
-    the 128-token tile a main stage (4 -> 3)."""
+    the 128-token tile main stages (6 with one low-rank stage -> 3 with two)."""
     prepacked = budget.w4a4_plan(128, 128, 2, 32)
     expanded = budget.w4a4_plan(128, 128, 2, 32, expanded_weights=True)
     assert prepacked.object("weights").name.startswith("weights (int4")
@@ -149,8 +171,8 @@ def test_expanded_weights_are_a_private_swizzled_operand_of_twice_the_bytes():
     assert weights.sharing == Sharing.PRIVATE and weights.issued_bytes == weights.expected_tx_bytes == weights.bytes
     assert weights.footprint == weights.stages * weights.bytes and weights.bytes % 1024 == 0
     assert expanded.main_stage_tx_bytes == prepacked.main_stage_tx_bytes + 128 * 128 // 2
-    assert (prepacked.main_stages, expanded.main_stages) == (4, 3)
-    assert expanded.lora_stages == prepacked.lora_stages == 2
+    assert (prepacked.main_stages, prepacked.lora_stages) == (6, 1)
+    assert (expanded.main_stages, expanded.lora_stages) == (3, 2)
     assert expanded.object("offset correction").bytes == 0
 
 

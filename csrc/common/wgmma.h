@@ -256,16 +256,6 @@ struct Wgmma<64> {
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
     }
   }
-  // D[64 x 64] (+)= A[64 x 32] (e4m3, shared memory, K-major) * B[32 x 64] (e4m3, shared memory, K-major); the
-  // main loop of expanded weights, so it takes scale_d (0: the unit's first k-step overwrites the partial).
-  static __device__ __forceinline__ void E4m3Smem(float (&d)[32], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " JAX_W4A4_D32_LIST
-        ", %32, %33, p, 1, 1;\n}\n"
-        : JAX_W4A4_D32
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }
   static __device__ __forceinline__ void E4m3(float (&d)[32], const uint32_t* a, uint64_t desc_b, uint32_t scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"

@@ -24,8 +24,8 @@
 // Expanded weights (long prefills, from kW4A4ExpandedWeightsMinTokens tokens, the last instance: the 128-token
 //   tile): ExpandWeightsKernel first writes the whole weight matrix as e4m3 codes, (n, k) row-major, into
 //   the workspace (with the prefill table above: exact), and the GEMM's TMA loads 16 KB stages of it with
-//   the 128-byte swizzle, so the wgmmas read A from shared memory like B: no fragment loads, no conversion
-//   in the consumers. Session 19: 8192^3 1708-1718 -> 1397 us, the pass included (w4a4_gemm_plan.h).
+//   the 128-byte swizzle; the consumers read their A fragments from the stage with ldmatrix, no conversion
+//   (ExpandedFragments). Session 19: 8192^3 1708-1718 -> 1397 us, the pass included (w4a4_gemm_plan.h).
 //
 // Persistent tile scheduler. grid = min(co-resident clusters, cluster tiles) x cluster CTAs; cluster
 // tile c covers one token tile and `kCluster` adjacent column tiles; CTAs walk the cluster tiles in a
@@ -139,10 +139,10 @@
 // decode tiles include the 2 KB correction operand, filled once by the last warpgroup at kernel start):
 //   tokens  cluster  CTAs/SM  main stages  low-rank stages  total
 //      8       1        2          7             2          114304 B
-//     16       1        2          5             2          107776 B
+//     16       1        2          7             1          106112 B
 //     32       1        1          8             2          176384 B   (16-byte activation-scale rows)
 //     64       1        1          7             2          226048 B   (16-byte activation-scale rows)
-//    128       2        1          4             2          209024 B   (of 231424: 227 KB less the slack)
+//    128       2        1          6             1          229504 B   (of 231424: 227 KB less the slack)
 //    128       2        1          3             2          206464 B   (expanded weights: 16 KB stages)
 // Two CTAs per SM (8- and 16-token tiles, W4A4CtasPerSm): each plan is solved against half the SM
 // (114688 B with the slack and the driver's 1 KB), registers 80 per thread at launch, so setmaxnreg
@@ -280,7 +280,7 @@ struct Config {
   // offset with two more wgmmas per unit; prefill tiles keep the exact table lookup (there the extra
   // wgmmas would cost tensor time).
   static constexpr bool kOffsetWeights = W4A4OffsetWeights(kShape);
-  // Long prefills: e4m3 weights expanded before the GEMM (ExpandWeightsKernel), wgmma A from shared memory.
+  // Long prefills: e4m3 weights expanded before the GEMM (ExpandWeightsKernel), A fragments by ldmatrix.
   static constexpr bool kExpandedWeights = kShape.expanded_weights;
   static_assert(!(kOffsetWeights && kExpandedWeights));
   static constexpr int kCorrectionBytes = kOffsetWeights ? kW4A4CorrectionBytes : 0;
@@ -633,6 +633,26 @@ __device__ __forceinline__ void WeightFragments(uint4 raw, uint32_t (&a)[8]) {
 // 16 w + g + 8 (r & 1), columns 32 s + 16 (r >> 1) + 4 t + {0..3}) in a shared tile, and stores the tile as
 // whole 128-byte rows. (Storing the registers straight to global memory, 8 rows x 16 bytes per warp store,
 // made 8192³ 31 us slower, 1428 against 1397 us, and 1 x 8192² 32 us: session 19.)
+// The consumers read an expanded stage into the same A fragments with ldmatrix (a warp's 16 rows x 32 k of a k-step
+// are the four 8 x 16-byte matrices of registers 0-3), once per stage for both token slices. As a shared-memory
+// wgmma operand, A was read again by every slice's wgmmas (session 20, 8192³: 1393-1396 -> 1386-1388 us, L1
+// throughput 74 -> 64%).
+__device__ __forceinline__ void ExpandedFragments(uint32_t rows, int warp_in_group, int lane, uint32_t (&a)[2][8]) {
+  // Lanes 8i..8i+7 address matrix i: rows + 8 (i & 1), 16-byte chunk + (i >> 1); 128-byte swizzle: the chunk
+  // is XORed with the row mod 8 (the stage and each warpgroup's rows are 1 KB-aligned).
+  const int row = 16 * warp_in_group + (lane & 7) + 8 * ((lane >> 3) & 1);
+  const uint32_t row_address = rows + 128 * row;
+#pragma unroll
+  for (int gi = 0; gi < 2; ++gi) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int chunk = 4 * gi + 2 * s + (lane >> 4);
+      uint32_t (&fragment)[4] = *reinterpret_cast<uint32_t(*)[4]>(&a[gi][4 * s]);
+      ptx::LdMatrixX4(fragment, row_address + 16 * (chunk ^ (lane & 7)));
+    }
+  }
+}
+
 constexpr int kExpandTileK = 128;
 constexpr int kExpandPitch = kExpandTileK + 16;  // a warp's fragment stores land in 32 distinct banks (4 g + t)
 
@@ -1071,7 +1091,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     constexpr int kSets = kUnits < kPartSets ? kUnits : kPartSets;
     static_assert(!kScaleMma || kSets >= 2, "unit u's products are issued while unit u - 1's are being promoted");
     int stage[kU] = {};
-    [[maybe_unused]] uint32_t a[kU][2][8];  // the register A fragments (not with expanded weights)
+    uint32_t a[kU][2][8];  // the register A fragments: [stage][group][k-step 0: 0-3, 1: 4-7]
     uint32_t act_scales[kU];
     // Promotion with the scale wgmma: its A operand, group gi's weight scales at k = gi (lanes with t == 0).
     [[maybe_unused]] uint32_t sw_frag[kU][2][4];
@@ -1116,10 +1136,9 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         }
       }
       const uint32_t weights = smem + L::kWeights + stage[j] * L::Stride(kObjWeights);
-      // Expanded weights: this warpgroup's 64 rows x 128 k, K-major with the 128-byte swizzle (as the activations).
-      [[maybe_unused]] const uint64_t desc_w =
-          MakeSmemDesc(weights + wg * kExpandedRowsBytes, 16, 8 * C::kTileK, kSwizzle128B);
-      if constexpr (!C::kExpandedWeights) {
+      if constexpr (C::kExpandedWeights) {
+        ExpandedFragments(weights + wg * kExpandedRowsBytes, warp % 4, lane, a[j]);
+      } else {
         const uint32_t fragments = weights + wg * 2 * kWeightBlockBytes + 16 * tid;
         WeightFragments<C::kOffsetWeights>(Lds128(fragments), a[j][0]);
         WeightFragments<C::kOffsetWeights>(Lds128(fragments + kWeightBlockBytes), a[j][1]);
@@ -1149,11 +1168,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
           const uint64_t desc_b = desc_x + ((offset + 32 * kk) >> 4);
-          if constexpr (C::kExpandedWeights) {
-            Wgmma<kSliceN>::E4m3Smem(part[u % kSets], desc_w + ((64 * gi + 32 * kk) >> 4), desc_b, kk);
-          } else {
-            Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4 * kk, desc_b, kk);
-          }
+          Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4 * kk, desc_b, kk);
           if constexpr (C::kOffsetWeights) Wgmma<kSliceN>::E4m3Smem(part[u % kSets], desc_correction, desc_b);
         }
         if constexpr (kScaleMma) {

@@ -4,7 +4,7 @@
 //
 // Tile: a CTA computes Yᵀ[tile_n columns of Y, tile_m tokens]: the weights are the wgmma A operand (int4
 // converted to e4m3 in registers, or, in the expanded-weights instance for long prefills, e4m3 codes that a
-// pass before the GEMM wrote to the workspace, read from shared memory; 64 output columns per consumer
+// pass before the GEMM wrote to the workspace, loaded by TMA and read with ldmatrix; 64 output columns per consumer
 // warpgroup), the activations the B operand in shared memory (tile_m tokens). A cluster of `cluster` CTAs
 // runs along N: its CTAs share the token tile, which is multicast (activations, their scales and LA);
 // weights, weight scales and L_up are private to each CTA.
@@ -29,7 +29,7 @@ struct W4A4Shape {
   int cluster;         // CTAs per cluster along N (1 or 2); they multicast the token operand
   int lora_chunk;      // ranks per low-rank stage (multiple of 16)
   int act_value_bits;  // bits per activation value in shared memory (8: e4m3 codes)
-  bool expanded_weights = false;  // e4m3 weights expanded per call (W4A4ExpandedWeightsBytes), A from shared memory
+  bool expanded_weights = false;  // e4m3 weights expanded per call (W4A4ExpandedWeightsBytes), 16 KB TMA stages
 };
 
 inline constexpr int kW4A4TileK = 128;          // K per main stage: two weight groups of 64
@@ -58,7 +58,7 @@ constexpr int W4A4ActScalePitch(const W4A4Shape& s) { return W4A4ScaleProductMma
 // a long prefill turning int4 fragments into e4m3 in registers (16-byte loads, prmt tables, wgmma with A from
 // registers). Instead a pass before the GEMM expands the whole weight matrix into e4m3 codes, (n, k) row-major
 // bytes in the workspace (N x K bytes: 64 MB at 8192²), and the GEMM's TMA brings 16 KB stages of them into
-// shared memory for wgmma A descriptors, as it does the activations (3 main stages instead of 4). The pass
+// shared memory with the activations' swizzle (3 main stages, against 6 beside one low-rank stage). The pass
 // streams 1.5 N x K bytes, once per call, so it pays from some hundreds of tokens. Session 19
 // (benchmarks/NOTES.md), us, prepacked -> expanded: 8192³ 1708-1718 -> 1397; 1024 x 8192² 228 -> 203;
 // 768 tokens: 8192² 175 -> 159, 4096² 64 -> 56, 28672 x 8192 603 -> 564; 512 tokens: 8192² 122 -> 117 but
@@ -159,19 +159,32 @@ constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
       }};
 }
 
-// Solve: the most main stages that fit with two low-rank stages; one low-rank stage only if two would
-// leave fewer than the minimum main stages. Main stages come first: the seeds' lesson is that the main
-// loop's depth decides whether the kernel is compute- or latency-bound.
-constexpr W4A4Plan SolveW4A4Plan(W4A4Shape s) {
-  W4A4Plan plan = MakeW4A4Plan(s, 1, 1);
-  for (int lora_stages = 2; lora_stages >= 1; --lora_stages) {
-    for (int main_stages = kW4A4MaxMainStages; main_stages >= 1; --main_stages) {
-      plan = MakeW4A4Plan(s, main_stages, lora_stages);
-      if (plan.total_bytes() <= plan.smem_limit()) break;
-    }
-    if (plan.fits()) return plan;
+// The most main stages that fit beside `lora_stages` low-rank stages (at least one: fits() decides).
+constexpr W4A4Plan MostMainStages(W4A4Shape s, int lora_stages) {
+  W4A4Plan plan = MakeW4A4Plan(s, 1, lora_stages);
+  for (int main_stages = kW4A4MaxMainStages; main_stages >= 1; --main_stages) {
+    plan = MakeW4A4Plan(s, main_stages, lora_stages);
+    if (plan.total_bytes() <= plan.smem_limit()) break;
   }
   return plan;
+}
+
+// A second low-rank stage lets a tile's first low-rank chunk arrive while the previous tile finishes; it is
+// worth less than two main stages. Session 20, a build with one low-rank stage wherever that bought a main
+// stage: the 128-token tile 4 -> 6 main stages, 512 x 8192² 121 -> 117 us; the 16-token tile 5 -> 7, 16 x
+// 28672 x 8192 41.7 -> 41.5-41.6 us; the expanded-weights tile 3 -> 4, 8192³ 1391-1396 -> 1401-1403 us (a
+// loss); the 8- and 64-token tiles one more, unchanged.
+inline constexpr int kW4A4MainStagesPerLoraStage = 2;
+
+// Solve: the most main stages with two low-rank stages, unless one low-rank stage buys
+// kW4A4MainStagesPerLoraStage more main stages or two would leave fewer than the minimum. Main stages
+// come first: the seeds' lesson is that the main loop's depth decides whether the kernel is compute- or
+// latency-bound.
+constexpr W4A4Plan SolveW4A4Plan(W4A4Shape s) {
+  const W4A4Plan two = MostMainStages(s, 2);
+  const W4A4Plan one = MostMainStages(s, 1);
+  if (!two.fits() || one.main_stages >= two.main_stages + kW4A4MainStagesPerLoraStage) return one;
+  return two;
 }
 
 // The shapes the kernel instantiates, by token count: decode tiles up to 64 tokens without a cluster (their
