@@ -159,7 +159,7 @@ constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
       }};
 }
 
-// The most main stages that fit beside `lora_stages` low-rank stages (at least one: fits() decides).
+// The most main stages that fit beside `lora_stages` low-rank stages (down to one; fits() says whether enough).
 constexpr W4A4Plan MostMainStages(W4A4Shape s, int lora_stages) {
   W4A4Plan plan = MakeW4A4Plan(s, 1, lora_stages);
   for (int main_stages = kW4A4MaxMainStages; main_stages >= 1; --main_stages) {
