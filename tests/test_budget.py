@@ -158,8 +158,8 @@ def test_table_lists_every_instantiated_plan():
 
 
 def test_expanded_weights_are_a_private_swizzled_operand_of_twice_the_bytes():
-    """The long-prefill instance reads e4m3 weights (a byte per value, expanded before the GEMM) as a wgmma
-    operand in shared memory with the 128-byte swizzle: 1 KB-aligned buffers, private to each CTA (the cluster
+    """The long-prefill instance stages e4m3 weights (a byte per value, expanded before the GEMM) in shared
+    memory with the 128-byte swizzle, for ldmatrix: 1 KB-aligned buffers, private to each CTA (the cluster
     shares tokens, not columns), so each CTA issues and its barrier expects the whole 16 KB. The bytes cost
     the 128-token tile main stages (6 with one low-rank stage -> 3 with two)."""
     prepacked = budget.w4a4_plan(128, 128, 2, 32)

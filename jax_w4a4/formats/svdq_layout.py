@@ -5,8 +5,8 @@ the even column in the low nibble. The sm90 W4A4 GEMM feeds the weights to ``wgm
 the A operand **from registers**: every consumer thread loads its fragments with one 16-byte shared
 memory load, converts the nibbles to e4m3 in registers and issues the wgmma. (Long prefills, from
 ``budget.w4a4_expanded_weights_min_tokens()`` tokens, first expand this layout to row-major e4m3 bytes in
-the call's workspace, by the same fragment map, and load the fragments from shared memory unconverted.) The weights are reordered
-offline ("prepacked") so that this load is exactly the thread's fragment:
+the call's workspace, by the same fragment map, and load the fragments from shared memory unconverted.)
+The weights are reordered offline ("prepacked") so that this load is exactly the thread's fragment:
 
 * **Block**: 64 rows (n) x 64 columns (k) = one weight group of one consumer warpgroup = 2048 bytes.
   ``prepacked[nb, kb]`` is the block of rows ``[64 nb, 64 nb + 64)`` and columns ``[64 kb, 64 kb + 64)``;
