@@ -397,7 +397,7 @@ struct Smem {
   static_assert(kEnd == C::kPlan.total_bytes(), "layout == plan");
   static_assert(kActivations % 1024 == 0 && Stride(kObjActivations) % 1024 == 0, "swizzled B operand");
   static_assert(!C::kExpandedWeights || (kWeights % 1024 == 0 && Stride(kObjWeights) % 1024 == 0),
-                "swizzled A operand (expanded weights)");
+                "swizzled expanded weights (ExpandedFragments XORs chunks with the row mod 8)");
   static_assert(kLoraUp % 1024 == 0 && Stride(kObjLoraUp) % 1024 == 0, "swizzled A operand");
   static_assert(kLaHalf % 1024 == 0 && Stride(kObjLaHalf) % 1024 == 0, "swizzled LA operand");
   static_assert(kStaging % 1024 == 0 && C::kTileM * 128 % 1024 == 0, "swizzled staging, per warpgroup");

@@ -135,7 +135,7 @@ constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
       main_stages,
       lora_stages,
       {
-          // Expanded: a wgmma operand with the 128-byte swizzle, as the activations.
+          // Expanded: TMA boxes with the 128-byte swizzle, as the activations (ldmatrix reads them conflict-free).
           {s.expanded_weights ? "weights (e4m3, expanded)" : "weights (int4, prepacked)",
            s.expanded_weights ? s.tile_n * k : s.tile_n * k / 2, main_stages, Sharing::kPrivate, Lifetime::kMainLoop,
            s.expanded_weights ? swizzled : bulk},
