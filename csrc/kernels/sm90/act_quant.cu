@@ -12,9 +12,10 @@
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
-// The SASS issues ~19-20 instructions per value (int4: two exact divisions 6, unpack + absmax 2, rounding
-// 2, packing ~0.75, the LA mma ~1, the rest copies, tables, shuffles and scales), i.e. ~3.3 of the SM's
-// 4 warp-instructions per cycle at full bandwidth: 80% of 4.2 TB/s needs ~66% of the issue slots busy
+// The SASS issues ~23 instructions per value (ncu, session 21, M = K = 4096, r = 32; int4: two exact
+// divisions 6, unpack + absmax 2, rounding 2, packing ~0.75, the LA mma ~1, the rest copies, tables,
+// shuffles and scales), i.e. ~3.7 of the SM's 4 warp-instructions per cycle at full bandwidth: 80% of
+// 4.2 TB/s would need ~75% of the issue slots busy
 // AND the DRAM latency hidden. Large M, rank <= 32: CTAs of 64 rows x 128 threads
 // (4 warps), 4 per SM (__launch_bounds__ min blocks 4: 128 registers; 56 KB of shared memory each, 2
 // ring stages of 27 KB: X 16 KB + lambdas + L_down 10 KB), so 16 warps per SM from 4 independent CTAs:
@@ -655,22 +656,33 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   float acc[Cfg::kPairsPerWarp > 0 ? Cfg::kPairsPerWarp : 1][2][4] = {};
 
   // A fragment loaded once per k16 step for all of the warp's column pairs; each accumulator still sums
-  // the steps in k order.
+  // the steps in k order. kAllPairs (the rank fills the instance's cap, the common case): no per-pair exit,
+  // straight-line code whose ldmatrix loads ptxas issues ahead of the MMAs. With the warp-uniform exit every
+  // step waited on its own loads: at M = K = 4096, r = 32 the chunk's 8 steps held 26% of the stall samples
+  // (short scoreboard on each MMA's ldmatrix; session 21).
+  auto low_rank_steps = [&](int slot, auto all_pairs) {
+    constexpr bool kAllPairs = decltype(all_pairs)::value;
+#pragma unroll
+    for (int ks = 0; ks < kChunkK / 16; ++ks) {
+      uint32_t a[4];
+      LdMatrixX4(a, stage(slot) + (a_lane ^ (ks << 4)));
+#pragma unroll
+      for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
+        const int pair = col_group + pp * Cfg::kColGroups;
+        if (!kAllPairs && pair >= num_pairs) break;  // warp-uniform
+        uint32_t b[4];
+        LdMatrixX4Trans(b, stage(slot) + b_lane + pair * 2 * kPieceBytes + ks * 16 * Cfg::kLoraRowPitch);
+        Mma16816<T>(acc[pp][0], a, b[0], b[1]);
+        Mma16816<T>(acc[pp][1], a, b[2], b[3]);
+      }
+    }
+  };
   auto low_rank_chunk = [&](int slot) {
     if constexpr (kRankCap > 0) {
-#pragma unroll
-      for (int ks = 0; ks < kChunkK / 16; ++ks) {
-        uint32_t a[4];
-        LdMatrixX4(a, stage(slot) + (a_lane ^ (ks << 4)));
-#pragma unroll
-        for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
-          const int pair = col_group + pp * Cfg::kColGroups;
-          if (pair >= num_pairs) break;  // warp-uniform
-          uint32_t b[4];
-          LdMatrixX4Trans(b, stage(slot) + b_lane + pair * 2 * kPieceBytes + ks * 16 * Cfg::kLoraRowPitch);
-          Mma16816<T>(acc[pp][0], a, b[0], b[1]);
-          Mma16816<T>(acc[pp][1], a, b[2], b[3]);
-        }
+      if (num_pairs == Cfg::kPairsPerWarp * Cfg::kColGroups) {
+        low_rank_steps(slot, std::true_type{});
+      } else {
+        low_rank_steps(slot, std::false_type{});
       }
     }
   };
