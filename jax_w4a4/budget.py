@@ -162,13 +162,14 @@ class ActQuantPlan:
     stage_bytes: int
     ring_bytes: int
     column_table_bytes: int
+    barrier_bytes: int
     total_bytes: int
     per_sm_bytes: int
     max_registers: int
     fits: bool
 
 
-_ACT_QUANT_FIELDS = 17
+_ACT_QUANT_FIELDS = 18
 
 
 def act_quant_shapes() -> list[tuple[int, int]]:

@@ -199,11 +199,13 @@ def test_act_quant_plans_add_up():
         assert p.x_tile_bytes == p.block_rows * chunk * 2
         assert p.lambda_bytes == chunk * 4
         assert p.lora_tile_bytes == (0 if p.rank_cap == 0 else chunk * p.lora_row_pitch)
-        assert p.lora_row_pitch == (p.rank_cap // 8 + 1) * 16 and (p.lora_row_pitch // 16) % 2 == 1
+        assert p.lora_row_pitch == p.rank_cap * 2  # pieces XOR-swizzled, no pad
         assert p.stage_bytes == p.x_tile_bytes + p.lambda_bytes + p.lora_tile_bytes
         assert p.ring_bytes == p.stages * p.stage_bytes
         assert p.column_table_bytes == 2 * 2 * chunk * 4
-        assert p.total_bytes == p.ring_bytes + p.column_table_bytes
+        assert p.barrier_bytes == p.stages * 8  # a full mbarrier per stage
+        assert p.x_tile_bytes % 1024 == 0  # the X ring's tiles keep the 128-byte swizzle's 1 KB atoms
+        assert p.total_bytes == p.ring_bytes + p.column_table_bytes + p.barrier_bytes + 1024  # + base alignment
         assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
 
 
@@ -214,15 +216,16 @@ def test_act_quant_plans_fit_their_occupancy_and_are_tight():
         assert p.total_bytes <= budget.SMEM_PER_BLOCK
         assert p.per_sm_bytes <= budget.SMEM_PER_SM, p
         if p.stages < 6:  # one more stage would break the designed CTAs per SM
-            more = p.ctas_per_sm * (p.total_bytes + p.stage_bytes + budget.SMEM_RESERVED_PER_CTA)
-            assert more > budget.SMEM_PER_SM or p.total_bytes + p.stage_bytes > budget.SMEM_PER_BLOCK, p
+            one_more = p.total_bytes + p.stage_bytes + 8
+            more = p.ctas_per_sm * (one_more + budget.SMEM_RESERVED_PER_CTA)
+            assert more > budget.SMEM_PER_SM or one_more > budget.SMEM_PER_BLOCK, p
 
 
 def test_act_quant_threads_tile_the_rows():
     for p in _act_quant_plans():
         assert p.threads == 32 * p.warps
         assert p.passes * p.units_per_pass * (p.threads // 8) == p.block_rows  # 8 threads per row
-        assert (p.threads // 16) % 8 == 0  # copy rows per step keep the swizzle's row % 8
+        assert (p.threads // 8) % 4 == 0  # quantizer rows per step keep the X swizzle's phase (2 row + half) % 8
         assert p.max_registers == min(255, budget.REGISTERS_PER_SM // (p.threads * p.ctas_per_sm) // 8 * 8)
 
 

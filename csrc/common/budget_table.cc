@@ -63,11 +63,12 @@ std::string DescribeActQuant(const ActQuantPlan& p) {
   std::snprintf(line, sizeof line,
                 "act_quant sm90: %d rows x rank <= %d: %d threads, %d CTAs/SM (<= %d registers), quantizer "
                 "%d pass(es) x %d unit(s); stage %lld B (X %lld + lambdas %lld + L_down %lld) x %d stages = %lld, "
-                "column table %lld; total %lld B/CTA, %lld of %lld B/SM%s\n",
+                "column table %lld, mbarriers %lld, alignment slack %lld; total %lld B/CTA, %lld of %lld B/SM%s\n",
                 p.shape.block_rows, p.shape.rank_cap, p.threads, p.ctas_per_sm, p.max_registers(), p.passes,
                 p.units_per_pass, static_cast<long long>(p.stage_bytes), static_cast<long long>(p.x_tile_bytes),
                 static_cast<long long>(p.lambda_bytes), static_cast<long long>(p.lora_tile_bytes), p.stages,
                 static_cast<long long>(p.ring_bytes), static_cast<long long>(p.column_table_bytes),
+                static_cast<long long>(p.barrier_bytes), static_cast<long long>(jax_w4a4::budget::kSwizzledAlign),
                 static_cast<long long>(p.total_bytes),
                 static_cast<long long>(p.per_sm_bytes()), static_cast<long long>(jax_w4a4::budget::kSmemPerSmSm90),
                 p.fits() ? "" : "  ** DOES NOT FIT **");
@@ -151,7 +152,7 @@ __attribute__((visibility("default"))) const char* JaxW4a4W4A4ObjectName(int ind
 // The act_quant plans, flattened for ctypes. JaxW4a4ActQuantShapes writes (block_rows, rank_cap) of every
 // instantiated shape into out (2 per shape) and returns the count. JaxW4a4ActQuantPlan writes the solved
 // plan of one shape: warps, threads, ctas_per_sm, units_per_pass, passes, stages, x_tile, lambdas,
-// lora_row_pitch, lora_tile, stage, ring, column_table, total, per_sm, max_registers, fits (17 values).
+// lora_row_pitch, lora_tile, stage, ring, column_table, barriers, total, per_sm, max_registers, fits (18 values).
 __attribute__((visibility("default"))) int JaxW4a4ActQuantShapes(int64_t* out) {
   int n = 0;
   for (const auto& shape : jax_w4a4::sm90::kActQuantShapes) {
@@ -166,7 +167,7 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
   const ActQuantPlan p = jax_w4a4::sm90::SolveActQuantPlan({block_rows, rank_cap});
   const int64_t values[] = {p.warps,         p.threads,           p.ctas_per_sm,    p.units_per_pass, p.passes,
                             p.stages,        p.x_tile_bytes,      p.lambda_bytes,   p.lora_row_pitch, p.lora_tile_bytes,
-                            p.stage_bytes,   p.ring_bytes,        p.column_table_bytes, p.total_bytes,
+                            p.stage_bytes,   p.ring_bytes,        p.column_table_bytes, p.barrier_bytes, p.total_bytes,
                             p.per_sm_bytes(), p.max_registers(),  p.fits() ? 1 : 0};
   for (int64_t v : values) *out++ = v;
 }

@@ -76,6 +76,14 @@ __device__ __forceinline__ void TmaLoad3dHint(const CUtensorMap& map, uint32_t d
       : "memory");
 }
 
+// `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) into shared memory at dst;
+// they complete_tx on bar.
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // -------------------------------------------------------------------------------------------- host
 
 using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;

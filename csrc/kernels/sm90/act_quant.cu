@@ -26,10 +26,14 @@
 // runs 64 row blocks x S = 8: one wave of 512 of the 528 resident CTAs.
 // Small M (16-row blocks, S up to 32) keeps M = 1..64 on 32+ SMs; ranks above 32 run fewer, larger CTAs.
 //
-// Pipeline (one per CTA, every thread takes every role; kStages-deep ring of cp.async groups, one
+// Pipeline (one per CTA, every thread takes every role but the X load; a kStages-deep ring, one
 // __syncthreads per chunk, which with 4 CTAs per SM costs one CTA's issue slots, not the SM's):
-//  * load:     16-byte cp.async copies of the chunk's X tile and L_down tile, and of the NEXT chunk's
-//              128 smoothing factors, into the next free stage (zero-filled past M and K).
+//  * load:     thread 0: one TMA box of the chunk's X tile (rows past M and k past K arrive as zeros;
+//              L2 evict-first: read once) and a bulk copy of the NEXT chunk's 128 smoothing factors, on
+//              the stage's full mbarrier; every thread: 16-byte cp.async copies of the L_down tile
+//              (zero-filled past K), one cp.async group per chunk. Until session 21 every thread also
+//              cp.async'ed its X pieces: 187 instructions per thread and chunk for its 12 copies, 12% of
+//              the stall samples (benchmarks/NOTES.md).
 //  * table:    128 threads turn those factors into the next chunk's column table (lambda and its
 //              division reciprocal), so the quantizer never recomputes reciprocals.
 //  * quantize: each thread takes units of 16 consecutive k of one row from the staged X tile, its 16
@@ -42,11 +46,10 @@
 //  * epilogue: LA as fp32; with a K split, partials through the workspace, summed in split order by the
 //              row block's last CTA (an arrival counter of common/arrival_counters.h: no memset).
 //
-// Shared memory (ActQuantPlan, static_assert'ed: the ring fits kCtasPerSm CTAs per SM): per stage the X
-// tile (kBlockRows x 256 B, 16-byte pieces swizzled so that ldmatrix's 8 rows and the quantizer's 8
-// lanes of a row each hit 8 different bank groups), 512 B of lambdas, the L_down tile (128 x (2 kRankCap
-// + 16) B: an odd number of 16-byte units per row keeps ldmatrix.trans conflict-free); after the ring,
-// the double-buffered column table (2 KB). The LA partials of the epilogue reuse all of it.
+// Shared memory (ActQuantPlan, static_assert'ed: the ring fits kCtasPerSm CTAs per SM), from a 1 KB-aligned
+// base: the X tiles (kBlockRows x 256 B each, TMA's 128-byte swizzle: XPieceOffset), the lambdas (512 B a
+// stage), the L_down tiles (128 x 2 kRankCap B, pieces XOR-swizzled: LoraPieceOffset), the double-buffered
+// column table (2 KB) and a full mbarrier per stage.
 //
 // Exact division. The contract is IEEE division (x / lambda, absmax / qmax, X̂ / scale), bit for bit with
 // __fdiv_rn. __fdiv_rn costs ~9 instructions per element (MUFU.RCP, FCHK, 5 FFMA, a branch), which
@@ -72,6 +75,8 @@
 
 #include "common/arrival_counters.h"
 #include "common/ptx.h"
+#include "common/smem_budget.h"
+#include "common/tma.h"
 #include "kernels/sm90/act_quant.h"
 #include "kernels/sm90/act_quant_plan.h"
 
@@ -85,20 +90,32 @@ using ptx::Mma16816;
 
 
 constexpr int kChunkK = 128;            // k per pipeline stage: two int4 groups or one fp8 group
-constexpr int kPieceBytes = 16;         // one cp.async = 8 halves
-constexpr int kPiecesPerRow = kChunkK * 2 / kPieceBytes;  // 16 per X tile row
+constexpr int kPieceBytes = 16;         // one cp.async or swizzle chunk = 8 halves
+constexpr int kXHalfK = 64;             // k of a 128-byte half row: the TMA box's inner extent
 constexpr int kXRowBytes = kChunkK * 2;  // 256, unpadded (swizzled)
 constexpr int kUnitK = 16;              // quantizer unit: 16 consecutive k of one row (two pieces)
 constexpr int kUnitsPerRow = kChunkK / kUnitK;  // 8
 constexpr int kMaxRank = 256;
 constexpr int64_t kMaxK = kActQuantMaxK;  // keeps offsets inside a row block in 32 bits
 
-// Byte offset of piece p (16 bytes, k = 8p .. 8p + 7) of row r in an X tile. Even pieces go to slots
-// 0..7 and odd pieces to slots 8..15, XORed with r % 8: a quantizer lane reads its unit's two pieces
-// (2u, 2u + 1) with 8 lanes of a row in 8 distinct bank groups, and ldmatrix's 8 rows of one piece
-// are in 8 distinct bank groups too.
+// Byte offset of piece p (16 bytes, k = 8p .. 8p + 7) of row r in an X tile as TMA writes it: a 3-D box
+// (64 k, 2 halves, rows) with the 128-byte swizzle, so row r is 256 bytes, its half h = p / 8 the 128-byte
+// segment 2r + h, whose chunk c = p % 8 lands at c ^ ((2r + h) % 8). A quantizer lane's two pieces (2u,
+// 2u + 1) are in one half, the second at the first ^ 16; the 8 lanes of a row hit 8 distinct bank groups
+// (the halves' XOR phases differ in parity); ldmatrix's 8 rows of one piece are 2-way (rows r and r + 4).
 __host__ __device__ constexpr uint32_t XPieceOffset(int r, int p) {
-  return static_cast<uint32_t>(r * kXRowBytes + ((((p >> 1) | ((p & 1) << 3)) ^ (r & 7)) * kPieceBytes));
+  const int h = p / 8;
+  return static_cast<uint32_t>(r * kXRowBytes + h * 128 + (((p % 8) ^ ((2 * r + h) % 8)) * kPieceBytes));
+}
+
+// Byte offset of piece j (8 ranks) of row kk (one k) in an L_down tile of 2 kRankCap-byte rows: the piece
+// XORed with f(kk), so that ldmatrix.trans's 8 consecutive rows of one piece hit 8 distinct bank groups:
+// f = kk % 8 for rows of 128 bytes and more, (kk / 2) % 4 for 64-byte rows (two rows share 128 bytes).
+template <int kRankCap>
+__host__ __device__ constexpr uint32_t LoraPieceOffset(int kk, int j) {
+  constexpr int kPitch = 2 * kRankCap;
+  const int f = kPitch >= 128 ? kk % 8 : (kk / 2) % 4;
+  return static_cast<uint32_t>(kk * kPitch + (j ^ f) * kPieceBytes);
 }
 
 // Tile shape, warp roles and the shared-memory budget of one kernel instance, from its plan
@@ -111,9 +128,6 @@ struct TileConfig {
   static constexpr int kWarps = kPlan.warps;
   static constexpr int kThreads = kPlan.threads;
   static constexpr int kCtasPerSm = kPlan.ctas_per_sm;
-  // Copies: 16-byte pieces, 16 consecutive threads per X row (fully coalesced).
-  static constexpr int kCopyRowStep = kThreads / kPiecesPerRow;
-  static constexpr int kCopiesPerThread = kBlockRows / kCopyRowStep;
   // Quantizer: 8 consecutive threads per row, thread t takes unit t % 8 of rows t / 8 + i * kQuantRowStep,
   // kUnits of them per pass, kPasses passes per chunk.
   static constexpr int kQuantRowStep = kThreads / kUnitsPerRow;
@@ -127,33 +141,41 @@ struct TileConfig {
   static constexpr int kAccumulatorsPerThread = kPairsPerWarp * 2 * 4;
   static constexpr int kLoraRowPitch = static_cast<int>(kPlan.lora_row_pitch);
   static constexpr int kLoraLoadsPerThread = kChunkK * kRankCap / 8 / kThreads;
-  // Shared memory. A stage: the X tile, the NEXT chunk's 128 lambdas, the L_down tile; after the ring the
-  // column table, double buffered: a chunk's lambdas and their division reciprocals (NaN where lambda is
-  // outside the fast path's domain), built one chunk ahead.
+  // Shared memory, from the 1 KB-aligned base: the X ring, the lambda ring (each stage the NEXT chunk's 128
+  // lambdas), the L_down ring, the column table (double buffered: a chunk's lambdas and their division
+  // reciprocals, NaN where lambda is outside the fast path's domain, built one chunk ahead), the full
+  // mbarriers; kSmemBytes adds the slack that aligns the base.
   static constexpr int kXTileBytes = static_cast<int>(kPlan.x_tile_bytes);
   static constexpr int kLambdaBytes = static_cast<int>(kPlan.lambda_bytes);
-  static constexpr int kStageBytes = static_cast<int>(kPlan.stage_bytes);
+  static constexpr int kLoraTileBytes = static_cast<int>(kPlan.lora_tile_bytes);
   static constexpr int kStages = kPlan.stages;
-  static constexpr int kRingBytes = static_cast<int>(kPlan.ring_bytes);
+  static constexpr int kLambdaRingOffset = kStages * kXTileBytes;
+  static constexpr int kLoraRingOffset = kLambdaRingOffset + kStages * kLambdaBytes;
+  static constexpr int kTableOffset = kLoraRingOffset + kStages * kLoraTileBytes;
+  static constexpr int kBarrierOffset = kTableOffset + static_cast<int>(kPlan.column_table_bytes);
   static constexpr int kSmemBytes = static_cast<int>(kPlan.total_bytes);
 
   static_assert(kPlan.fits(), "the ring needs two stages with kCtasPerSm CTAs resident per SM");
   static_assert(kChunkK == kActQuantChunkK && kXTileBytes == kBlockRows * kXRowBytes, "plan and kernel agree");
   static_assert(kPlan.column_table_bytes == 2 * 2 * kChunkK * 4, "column table: two chunks of (lambda, 1/lambda)");
   static_assert(kBlockRows % 16 == 0 && kWarps % kRowTiles == 0, "warps must tile the row block");
-  static_assert(kCopyRowStep % 8 == 0 && kQuantRowStep % 8 == 0,
-                "a thread's rows share r % 8, so its swizzled offsets differ by constants");
-  static_assert(kCopiesPerThread * kCopyRowStep == kBlockRows && kPasses * kUnits * kQuantRowStep == kBlockRows,
-                "pieces and units divide evenly");
+  static_assert(kQuantRowStep % 4 == 0, "a thread's rows share (2r) % 8, so its swizzled offsets differ by constants");
+  static_assert(kPasses * kUnits * kQuantRowStep == kBlockRows, "units divide evenly");
   static_assert(kUnits >= 1 && kUnits <= 2, "at most two units (32 X̂ registers) per pass");
   static_assert(kRankCap % 16 == 0 && kRankCap <= kMaxRank, "rank is a multiple of 16, at most 256");
   static_assert(kLoraLoadsPerThread * kThreads == kChunkK * kRankCap / 8, "L_down pieces divide evenly");
   static_assert(kAccumulatorsPerThread <= 64, "LA accumulators must stay in registers");
-  static_assert(kStageBytes % 128 == 0, "stages keep the swizzle's 128-byte alignment");
+  static_assert(kXTileBytes % budget::kSwizzledAlign == 0, "every X tile starts a 128-byte-swizzle atom (1 KB)");
+  static_assert(kLambdaRingOffset % budget::kBulkAlign == 0 && kLambdaBytes % budget::kBulkAlign == 0 &&
+                    kLoraRingOffset % budget::kBulkAlign == 0 && kLoraTileBytes % budget::kBulkAlign == 0,
+                "bulk-copy and cp.async destinations; L_down rows keep their 128-byte bank windows");
+  static_assert(kBarrierOffset % budget::kMbarrierBytes == 0 && kPlan.barrier_bytes == kStages * budget::kMbarrierBytes,
+                "a full mbarrier per stage");
+  static_assert(kSmemBytes == kBarrierOffset + kPlan.barrier_bytes + budget::kSwizzledAlign, "the layout is the plan");
+  static_assert(kXTileBytes + kLambdaBytes < (1 << 20), "mbarrier tx-count range");
 };
 
 struct Params {
-  const uint8_t* x;
   const float* smooth;
   const uint8_t* lora_down;
   uint8_t* q;
@@ -481,9 +503,11 @@ __device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambd
   auto load_units = [&](uint32_t (&raw)[kUnits][kUnitWords]) {
 #pragma unroll
     for (int i = 0; i < kUnits; ++i) {
-      // The unit's pieces 2u and 2u + 1 sit 128 bytes apart in the swizzled tile.
-      const uint4 lo = LdShared128(x_unit + i * kRowStep * kXRowBytes);
-      const uint4 hi = LdShared128(x_unit + i * kRowStep * kXRowBytes + 128);
+      // The unit's pieces 2u and 2u + 1 are neighbouring swizzle chunks (XPieceOffset): the second at the
+      // first ^ 16 (the tile is 1 KB-aligned and rows are 256 bytes, so bit 4 is the chunk's).
+      const uint32_t lo_addr = x_unit + i * kRowStep * kXRowBytes;
+      const uint4 lo = LdShared128(lo_addr);
+      const uint4 hi = LdShared128(lo_addr ^ kPieceBytes);
       raw[i][0] = lo.x, raw[i][1] = lo.y, raw[i][2] = lo.z, raw[i][3] = lo.w;
       raw[i][4] = hi.x, raw[i][5] = hi.y, raw[i][6] = hi.z, raw[i][7] = hi.w;
     }
@@ -558,12 +582,14 @@ __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, c
 // Grid: row blocks x p.k_splits. Each CTA writes the q and scales of its rows and chunks; LA as below.
 template <class T, ActFormat kFormat, int kBlockRows, int kRankCap>
 __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, TileConfig<kBlockRows, kRankCap>::kCtasPerSm)
-    ActQuantKernel(const __grid_constant__ Params p) {
+    ActQuantKernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ Params p) {
   using Cfg = TileConfig<kBlockRows, kRankCap>;
   using F = Format<kFormat>;
   extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t smem_base = ptx::SharedAddress(smem);
-  const uint32_t table_base = smem_base + Cfg::kRingBytes;
+  // The X tiles are 128-byte-swizzled TMA destinations: 1 KB-aligned (the plan's slack).
+  const uint32_t smem_base =
+      (ptx::SharedAddress(smem) + budget::kSwizzledAlign - 1) & ~uint32_t{budget::kSwizzledAlign - 1};
+  const uint32_t table_base = smem_base + Cfg::kTableOffset;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -576,16 +602,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   const uint32_t k = p.k;
   const int64_t rows_left_in_block = p.rows - row0;
 
-  // Copies: thread t copies piece pi(t % 16) of rows t / 16 + j * kCopyRowStep; pi sends lanes 0-7 to
-  // the even pieces and lanes 8-15 to the odd ones, so each 8-lane phase writes 8 bank groups.
-  const int copy_row = tid / kPiecesPerRow;
-  const int copy_lane = tid % kPiecesPerRow;
-  const int copy_piece = ((copy_lane & 7) << 1) | (copy_lane >> 3);
-  const uint32_t copy_dst = XPieceOffset(copy_row, copy_piece);
-  const uint8_t* copy_src = p.x + (row0 + copy_row) * p.k * 2 + copy_piece * kPieceBytes;
   const int rows_left = static_cast<int>(rows_left_in_block < kBlockRows ? rows_left_in_block : kBlockRows);
-  const int copy_rows_left = rows_left - copy_row;
-  const uint32_t copy_src_step = Cfg::kCopyRowStep * k * 2;
 
   // Quantizer: unit column u = t % 8 of rows t / 8 + i * kQuantRowStep.
   const int unit_column = tid % kUnitsPerRow;
@@ -606,53 +623,62 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   const int rank = kRankCap == 0 ? 0 : p.rank;
   const int lora_units_per_row = rank / 8;  // 16-byte pieces of an L_down row
 
-  auto stage = [&](int slot) { return smem_base + slot * Cfg::kStageBytes; };
+  auto x_tile = [&](int slot) { return smem_base + slot * Cfg::kXTileBytes; };
+  auto lambdas = [&](int slot) { return smem_base + Cfg::kLambdaRingOffset + slot * Cfg::kLambdaBytes; };
+  auto lora_tile = [&](int slot) { return smem_base + Cfg::kLoraRingOffset + slot * Cfg::kLoraTileBytes; };
   auto table = [&](int chunk_index) { return table_base + (chunk_index & 1) * (2 * kChunkK * 4); };
+  auto full_barrier = [&](int slot) { return smem_base + Cfg::kBarrierOffset + slot * uint32_t{budget::kMbarrierBytes}; };
 
-  // Copies chunk `chunk` (X and L_down tiles) and the next chunk's lambdas into a stage.
-  auto load_chunk = [&](int slot, int chunk) {
-    const uint32_t x_tile = stage(slot);
+  // Thread 0: chunk `chunk`'s X tile (TMA) and the next chunk's lambdas (bulk copy) into a stage, on its
+  // full barrier. The box is always whole (out-of-bounds rows and halves arrive as zeros and count).
+  const uint64_t evict_first = ptx::L2EvictFirstPolicy();
+  auto issue_chunk = [&](int slot, int chunk) {
     const int k_begin = chunk * kChunkK;
-    const bool col_valid = k_begin + copy_piece * 8 < p.k;
-    const uint8_t* src = copy_src + k_begin * 2;
-#pragma unroll
-    for (int j = 0; j < Cfg::kCopiesPerThread; ++j) {
-      const bool valid = col_valid && j * Cfg::kCopyRowStep < copy_rows_left;
-      CpAsync16(x_tile + copy_dst + j * Cfg::kCopyRowStep * kXRowBytes, valid ? src + j * copy_src_step : p.x, valid);
-    }
-    if (tid < kChunkK / 4) {
-      const int k_next = k_begin + kChunkK + tid * 4;
-      const bool valid = chunk + 1 < chunk_end && k_next < p.k;
-      CpAsync16(x_tile + Cfg::kXTileBytes + tid * kPieceBytes, valid ? p.smooth + k_next : p.smooth, valid);
-    }
+    const int k_next = k_begin + kChunkK;
+    const uint32_t lambda_bytes = chunk + 1 < chunk_end && k_next < p.k ? min(kChunkK, p.k - k_next) * 4 : 0;
+    tma::MbarArriveExpectTx(full_barrier(slot), Cfg::kXTileBytes + lambda_bytes);
+    tma::TmaLoad3dHint(tm_x, x_tile(slot), full_barrier(slot), 0, k_begin / kXHalfK, static_cast<int>(row0),
+                       evict_first);
+    if (lambda_bytes > 0) tma::BulkLoad(lambdas(slot), p.smooth + k_next, lambda_bytes, full_barrier(slot));
+  };
+  // Every thread: its pieces of chunk `chunk`'s L_down tile (cp.async, zero-filled past K).
+  auto copy_lora = [&](int slot, int chunk) {
     if constexpr (kRankCap > 0) {
       // Piece j of L_down row kk of the chunk: pieces are dealt over the instance's row capacity
       // (kRankCap / 8 per row, a power of two); those past the actual rank are skipped.
       constexpr int kCapPiecesPerRow = kRankCap / 8;
+      const int k_begin = chunk * kChunkK;
       const int valid_rows = min(kChunkK, p.k - k_begin);
       const uint8_t* chunk_src = p.lora_down + static_cast<int64_t>(k_begin) * rank * 2;
-      const uint32_t l_tile = x_tile + Cfg::kXTileBytes + Cfg::kLambdaBytes;
 #pragma unroll
       for (int i = 0; i < Cfg::kLoraLoadsPerThread; ++i) {
         const int piece = tid + i * Cfg::kThreads;
         const int kk = piece / kCapPiecesPerRow, j = piece % kCapPiecesPerRow;
         if (j < lora_units_per_row) {
           const bool valid = kk < valid_rows;
-          CpAsync16(l_tile + kk * Cfg::kLoraRowPitch + j * kPieceBytes,
+          CpAsync16(lora_tile(slot) + LoraPieceOffset<kRankCap>(kk, j),
                     valid ? chunk_src + (kk * lora_units_per_row + j) * kPieceBytes : p.lora_down, valid);
         }
       }
     }
   };
 
-  // Low-rank: this warp's 16-row tile and n16 column pairs; per-lane ldmatrix offsets inside a stage.
-  // A: row (lane % 16), piece 2 ks + lane / 16: XPieceOffset is a_lane ^ (ks << 4).
+  // Low-rank: this warp's 16-row tile and n16 column pairs; per-lane ldmatrix offsets inside a tile.
+  // A: row (lane % 16), piece 2 ks + lane / 16 = half ks / 4, chunk 2 (ks % 4) + lane / 16:
+  // XPieceOffset is a_lane[ks / 4] ^ ((ks % 4) << 5).
   const int row_tile = warp % Cfg::kRowTiles;
   const int col_group = warp / Cfg::kRowTiles;
   const int num_pairs = rank / 16;
-  const uint32_t a_lane = XPieceOffset(row_tile * 16 + (lane & 15), lane >> 4);
-  const uint32_t b_lane = Cfg::kXTileBytes + Cfg::kLambdaBytes +
-                          ((lane & 7) + ((lane >> 3) & 1) * 8) * Cfg::kLoraRowPitch + (lane >> 4) * kPieceBytes;
+  const int a_row = row_tile * 16 + (lane & 15);
+  const uint32_t a_lane[2] = {XPieceOffset(a_row, lane >> 4), XPieceOffset(a_row, 8 + (lane >> 4))};
+  // B (ldmatrix.trans): row (lane % 8) + 8 ((lane / 8) % 2) of the k16 step, piece 2 pair + lane / 16;
+  // the swizzle depends on the row within the step only (steps are 16 rows).
+  uint32_t b_lane[Cfg::kPairsPerWarp > 0 ? Cfg::kPairsPerWarp : 1];
+#pragma unroll
+  for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
+    b_lane[pp] = LoraPieceOffset<kRankCap>((lane & 7) + ((lane >> 3) & 1) * 8,
+                                           2 * (col_group + pp * Cfg::kColGroups) + (lane >> 4));
+  }
   float acc[Cfg::kPairsPerWarp > 0 ? Cfg::kPairsPerWarp : 1][2][4] = {};
 
   // A fragment loaded once per k16 step for all of the warp's column pairs; each accumulator still sums
@@ -665,13 +691,13 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
 #pragma unroll
     for (int ks = 0; ks < kChunkK / 16; ++ks) {
       uint32_t a[4];
-      LdMatrixX4(a, stage(slot) + (a_lane ^ (ks << 4)));
+      LdMatrixX4(a, x_tile(slot) + (a_lane[ks / 4] ^ ((ks % 4) << 5)));
 #pragma unroll
       for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
         const int pair = col_group + pp * Cfg::kColGroups;
         if (!kAllPairs && pair >= num_pairs) break;  // warp-uniform
         uint32_t b[4];
-        LdMatrixX4Trans(b, stage(slot) + b_lane + pair * 2 * kPieceBytes + ks * 16 * Cfg::kLoraRowPitch);
+        LdMatrixX4Trans(b, lora_tile(slot) + ks * 16 * Cfg::kLoraRowPitch + b_lane[pp]);
         Mma16816<T>(acc[pp][0], a, b[0], b[1]);
         Mma16816<T>(acc[pp][1], a, b[2], b[3]);
       }
@@ -687,37 +713,55 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
     }
   };
 
-  // ---- main loop: kStages-deep cp.async ring; the column table runs one chunk ahead ----
+  // ---- main loop: kStages-deep ring; the column table runs one chunk ahead ----
   // The first chunk's table comes straight from global memory; its lambdas are loaded before the ring's
   // copies, not queued behind them (the table is built while the first chunk is in flight).
   const int first_kk = chunk_begin * kChunkK + tid;
   const bool builds_first_table = tid < kChunkK && num_local_chunks > 0;
   const float first_lambda = builds_first_table && first_kk < p.k ? p.smooth[first_kk] : 0.0f;
+  if (tid == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) tma::MbarInit(full_barrier(s), 1);  // thread 0's arrive.expect_tx
+    tma::FenceMbarInit();
+    tma::TmaPrefetch(tm_x);
+  }
+  __syncthreads();  // the barriers are initialized
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < num_local_chunks) load_chunk(s, chunk_begin + s);
+    if (s < num_local_chunks) {
+      if (tid == 0) issue_chunk(s, chunk_begin + s);
+      copy_lora(s, chunk_begin + s);
+    }
     CpAsyncCommit();
   }
   if (builds_first_table) {
     StShared32f(table(0) + tid * 4, first_lambda);
     StShared32f(table(0) + (kChunkK + tid) * 4, TableReciprocal(first_lambda));
   }
-  for (int i = 0, slot = 0; i < num_local_chunks; ++i, slot = slot + 1 == Cfg::kStages ? 0 : slot + 1) {
-    CpAsyncWait<Cfg::kStages - 2>();
+  uint32_t full_phase = 0;  // parity of the slot's full barrier for chunk i (flips when the slot wraps)
+  for (int i = 0, slot = 0; i < num_local_chunks; ++i) {
+    const int chunk = chunk_begin + i;
+    CpAsyncWait<Cfg::kStages - 2>();            // this thread's L_down pieces of chunk i
+    tma::MbarWait(full_barrier(slot), full_phase);  // chunk i's X tile and chunk i + 1's lambdas
     __syncthreads();  // chunk i and table i visible to all; everyone is done with chunk i - 1's slot
-    if (tid < kChunkK) {  // table i + 1 from the lambdas staged with chunk i
-      const float lambda = LdShared32f(stage(slot) + Cfg::kXTileBytes + tid * 4);
+    if (tid < kChunkK) {  // table i + 1 from the lambdas staged with chunk i (0 where none were)
+      const bool staged = chunk + 1 < chunk_end && (chunk + 1) * kChunkK + tid < p.k;
+      const float lambda = staged ? LdShared32f(lambdas(slot) + tid * 4) : 0.0f;
       StShared32f(table(i + 1) + tid * 4, lambda);
       StShared32f(table(i + 1) + (kChunkK + tid) * 4, TableReciprocal(lambda));
     }
     const int next = i + Cfg::kStages - 1;  // goes to chunk i - 1's slot
-    if (next < num_local_chunks) load_chunk(slot == 0 ? Cfg::kStages - 1 : slot - 1, chunk_begin + next);
+    if (next < num_local_chunks) {
+      const int next_slot = slot == 0 ? Cfg::kStages - 1 : slot - 1;
+      if (tid == 0) issue_chunk(next_slot, chunk_begin + next);
+      copy_lora(next_slot, chunk_begin + next);
+    }
     CpAsyncCommit();
     low_rank_chunk(slot);
-    const int chunk = chunk_begin + i;
     QuantizeChunk<T, kFormat, Cfg::kUnits, Cfg::kPasses, Cfg::kQuantRowStep>(
-        stage(slot) + x_unit, table(i), rows, unit_column, chunk * (kChunkK * F::kUnitQBytes / kUnitK),
+        x_tile(slot) + x_unit, table(i), rows, unit_column, chunk * (kChunkK * F::kUnitQBytes / kUnitK),
         chunk * 4 /* one fp32 or two 16-bit scales per row */, scale_step, chunk * kChunkK + unit_column * kUnitK < p.k);
+    slot = slot + 1 == Cfg::kStages ? 0 : slot + 1;
+    full_phase ^= slot == 0;
   }
 
   // ---- epilogue: LA ----
@@ -796,7 +840,7 @@ constexpr int kMaxDevices = 64;
 // One kernel instance: its function attributes (set once per device: an attribute is a property of the
 // device's context), then the launch on a grid of row blocks x K splits.
 template <class T, ActFormat kFormat, int kBlockRows, int kRankCap>
-cudaError_t LaunchInstance(const Params& params, int64_t row_blocks, cudaStream_t stream) {
+cudaError_t LaunchInstance(const Params& params, const void* x, int64_t row_blocks, cudaStream_t stream) {
   using Cfg = TileConfig<kBlockRows, kRankCap>;
   constexpr auto kKernel = ActQuantKernel<T, kFormat, kBlockRows, kRankCap>;
   static std::atomic<bool> configured[kMaxDevices] = {};
@@ -812,21 +856,30 @@ cudaError_t LaunchInstance(const Params& params, int64_t row_blocks, cudaStream_
     if (status != cudaSuccess) return status;
     if (device < kMaxDevices) configured[device].store(true, std::memory_order_release);
   }
+  // X as (64 k, k / 64 halves, rows): a box of (64, 2, kBlockRows) is one chunk's tile, rows 256 bytes with
+  // the 128-byte swizzle (XPieceOffset).
+  CUtensorMap tm_x;
+  const uint64_t k = static_cast<uint64_t>(params.k), rows = static_cast<uint64_t>(params.rows);
+  if (!tma::EncodeTiled<3>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {kXHalfK, k / kXHalfK, rows},
+                           {kXHalfK * 2, k * 2}, {kXHalfK, kChunkK / kXHalfK, kBlockRows},
+                           CU_TENSOR_MAP_SWIZZLE_128B)) {
+    return cudaErrorInvalidValue;
+  }
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(params.k_splits), 1);
-  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_x, params);
   return cudaGetLastError();
 }
 
 // The instance of the launch plan's row block and rank bucket.
 template <class T, ActFormat kFormat>
-cudaError_t LaunchPlanned(const Params& params, const ActQuantLaunch& launch, cudaStream_t stream) {
+cudaError_t LaunchPlanned(const Params& params, const void* x, const ActQuantLaunch& launch, cudaStream_t stream) {
   auto for_rows = [&](auto block_rows) {
     constexpr int kBlockRows = decltype(block_rows)::value;
     switch (launch.shape.rank_cap) {
-      case 0: return LaunchInstance<T, kFormat, kBlockRows, 0>(params, launch.row_blocks, stream);
-      case 32: return LaunchInstance<T, kFormat, kBlockRows, 32>(params, launch.row_blocks, stream);
-      case 128: return LaunchInstance<T, kFormat, kBlockRows, 128>(params, launch.row_blocks, stream);
-      default: return LaunchInstance<T, kFormat, kBlockRows, 256>(params, launch.row_blocks, stream);
+      case 0: return LaunchInstance<T, kFormat, kBlockRows, 0>(params, x, launch.row_blocks, stream);
+      case 32: return LaunchInstance<T, kFormat, kBlockRows, 32>(params, x, launch.row_blocks, stream);
+      case 128: return LaunchInstance<T, kFormat, kBlockRows, 128>(params, x, launch.row_blocks, stream);
+      default: return LaunchInstance<T, kFormat, kBlockRows, 256>(params, x, launch.row_blocks, stream);
     }
   };
   return launch.shape.block_rows == 64 ? for_rows(std::integral_constant<int, 64>{})
@@ -838,7 +891,8 @@ cudaError_t LaunchPlanned(const Params& params, const ActQuantLaunch& launch, cu
 cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   const bool fp8 = args.format == ActFormat::kFp8;
   const int64_t group = fp8 ? 128 : 64;
-  if (args.rows < 0 || args.k <= 0 || args.k % group != 0 || args.k > kMaxK) {
+  // rows < 2^31: TMA coordinates are 32-bit.
+  if (args.rows < 0 || args.rows > 0x7fffffff || args.k <= 0 || args.k % group != 0 || args.k > kMaxK) {
     return cudaErrorInvalidValue;
   }
   if (args.rank < 0 || args.rank > kMaxRank || args.rank % 16 != 0 || args.num_sms < 1 || args.num_sms > kMaxNumSms) {
@@ -846,12 +900,10 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   }
   if (args.rows == 0) return cudaSuccess;
   const ActQuantLaunch launch = PlanActQuantLaunch(args.rows, args.k, args.rank, args.num_sms);
-  if (launch.row_blocks > 0x7fffffff) return cudaErrorInvalidValue;
   if (launch.workspace_bytes > 0 && (args.workspace == nullptr || args.workspace_bytes < launch.workspace_bytes)) {
     return cudaErrorInvalidValue;
   }
   Params params = {};
-  params.x = static_cast<const uint8_t*>(args.x);
   params.smooth = args.smooth;
   params.lora_down = static_cast<const uint8_t*>(args.lora_down);
   params.q = static_cast<uint8_t*>(args.q);
@@ -867,8 +919,8 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   }
   auto dispatch = [&](auto format) {
     constexpr ActFormat kFormat = decltype(format)::value;
-    return args.dtype == HalfType::kBf16 ? LaunchPlanned<__nv_bfloat16, kFormat>(params, launch, stream)
-                                         : LaunchPlanned<__half, kFormat>(params, launch, stream);
+    return args.dtype == HalfType::kBf16 ? LaunchPlanned<__nv_bfloat16, kFormat>(params, args.x, launch, stream)
+                                         : LaunchPlanned<__half, kFormat>(params, args.x, launch, stream);
   };
   switch (args.format) {
     case ActFormat::kInt4:

@@ -31,9 +31,9 @@ struct ActQuantArgs {
 };
 
 // Enqueues the kernel on `stream` (no host sync, no allocation, CUDA-graph safe). Returns
-// cudaErrorInvalidValue for shapes outside the kernel's contract (k % 64 for int4/uint4, k % 128 for
-// fp8, k <= kActQuantMaxK, rank % 16 == 0 and <= 256, num_sms in [1, kMaxNumSms]) or a workspace
-// smaller than ActQuantWorkspaceBytes, otherwise the launch status.
+// cudaErrorInvalidValue for shapes outside the kernel's contract (rows < 2^31, k % 64 for int4/uint4,
+// k % 128 for fp8, k <= kActQuantMaxK, rank % 16 == 0 and <= 256, num_sms in [1, kMaxNumSms], x 16-byte
+// aligned) or a workspace smaller than ActQuantWorkspaceBytes, otherwise the launch status.
 cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream);
 
 // The nonzero counters of this kernel's arrival-counter pool (common/arrival_counters.h: every launch

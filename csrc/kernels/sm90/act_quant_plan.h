@@ -3,7 +3,9 @@
 // jax_w4a4.budget prints them (csrc/common/budget_table.cc); tests/test_budget.py checks the arithmetic.
 //
 // A CTA owns block_rows rows and a range of 128-wide K chunks; per chunk (one ring stage) it stages the X
-// tile, the next chunk's 128 lambdas and, with a low-rank branch, the L_down tile. The plan fixes the CTAs
+// tile (TMA, 128-byte swizzle), the next chunk's 128 lambdas (a bulk copy) and, with a low-rank branch, the
+// L_down tile (cp.async). Shared memory: the X ring first (each tile 1 KB-aligned for the swizzle), then the
+// lambda and L_down rings, the column table and a full mbarrier per stage, + 1 KB to align the base. The plan fixes the CTAs
 // that must be resident on one SM (the occupancy the kernel is designed for: the bandwidth comes from
 // several small CTAs per SM, each hiding the others' barriers) and solves the deepest ring that lets that
 // many CTAs share the SM's 228 KB. The launch plan (PlanActQuantLaunch) picks the row block and the K
@@ -36,12 +38,13 @@ struct ActQuantPlan {
   int stages;
   int64_t x_tile_bytes;        // block_rows x 128 halves
   int64_t lambda_bytes;        // the next chunk's 128 lambdas (fp32)
-  int64_t lora_row_pitch;      // L_down tile row: rank_cap halves + 16 B (an odd count of 16-byte units)
+  int64_t lora_row_pitch;      // L_down tile row: rank_cap halves, its 16-byte pieces XOR-swizzled
   int64_t lora_tile_bytes;     // 128 rows of L_down
-  int64_t stage_bytes;
+  int64_t stage_bytes;         // X tile + lambdas + L_down tile
   int64_t ring_bytes;
   int64_t column_table_bytes;  // two chunks of (lambda, reciprocal)
-  int64_t total_bytes;         // dynamic shared memory per CTA
+  int64_t barrier_bytes;       // a full mbarrier per stage (the X tile's and lambdas' bytes)
+  int64_t total_bytes;         // dynamic shared memory per CTA, with the 1 KB that aligns the X ring
   constexpr int64_t per_sm_bytes() const { return ctas_per_sm * (total_bytes + budget::kSmemReservedPerCtaSm90); }
   // The register cap __launch_bounds__(threads, ctas_per_sm) gives ptxas.
   constexpr int max_registers() const { return budget::LaunchRegisters(threads, ctas_per_sm); }
@@ -78,12 +81,13 @@ constexpr ActQuantPlan MakeActQuantPlan(ActQuantShape s, int stages) {
   p.stages = stages;
   p.x_tile_bytes = int64_t{s.block_rows} * kActQuantChunkK * 2;
   p.lambda_bytes = kActQuantChunkK * 4;
-  p.lora_row_pitch = (s.rank_cap / 8 + 1) * 16;
+  p.lora_row_pitch = s.rank_cap * 2;
   p.lora_tile_bytes = s.rank_cap == 0 ? 0 : kActQuantChunkK * p.lora_row_pitch;
   p.stage_bytes = p.x_tile_bytes + p.lambda_bytes + p.lora_tile_bytes;
   p.ring_bytes = stages * p.stage_bytes;
   p.column_table_bytes = 2 * 2 * kActQuantChunkK * 4;
-  p.total_bytes = p.ring_bytes + p.column_table_bytes;
+  p.barrier_bytes = stages * budget::kMbarrierBytes;
+  p.total_bytes = p.ring_bytes + p.column_table_bytes + p.barrier_bytes + budget::kSwizzledAlign;
   return p;
 }
 

@@ -202,6 +202,7 @@ namespace {
 
 using budget::Lifetime;
 using budget::Sharing;
+using tma::BulkLoad;
 using tma::EncodeTiled;
 using tma::MapAddr;
 using tma::MbarArrive;
@@ -475,12 +476,6 @@ __device__ __forceinline__ void TmaLoad2dMulticast(const CUtensorMap& map, uint3
 // stream does not push the scales, activations and outputs out of L2; normal when other token tiles re-read it.
 __device__ __forceinline__ uint64_t WeightL2Policy(bool read_once) {
   return read_once ? ptx::L2EvictFirstPolicy() : ptx::L2EvictNormalPolicy();
-}
-
-__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
 }
 
 __device__ __forceinline__ void TmaStore2d(const CUtensorMap& map, uint32_t src, int c0, int c1) {
