@@ -12,13 +12,13 @@
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
-// The SASS issues ~23 instructions per value (ncu, session 21, M = K = 4096, r = 32; int4: two exact
-// divisions 6, unpack + absmax 2, rounding 2, packing ~0.75, the LA mma ~1, the rest copies, tables,
-// shuffles and scales), i.e. ~3.7 of the SM's 4 warp-instructions per cycle at full bandwidth: 80% of
-// 4.2 TB/s would need ~75% of the issue slots busy
-// AND the DRAM latency hidden. Large M, rank <= 32: CTAs of 64 rows x 128 threads
-// (4 warps), 4 per SM (__launch_bounds__ min blocks 4: 128 registers; 56 KB of shared memory each, 2
-// ring stages of 27 KB: X 16 KB + lambdas + L_down 10 KB), so 16 warps per SM from 4 independent CTAs:
+// With the X tiles still copied by every thread, the SASS issued ~23 instructions per value (ncu, session
+// 21, M = K = 4096, r = 32; int4: two exact divisions 6, unpack + absmax 2, rounding 2, packing ~0.75,
+// the LA mma ~1, the rest copies, tables, shuffles and scales), i.e. ~3.7 of the SM's 4 warp-instructions
+// per cycle at full bandwidth: 80% of 4.2 TB/s needs fewer instructions per value AND the DRAM latency
+// hidden. Large M, rank <= 32: CTAs of 64 rows x 128 threads
+// (4 warps), 4 per SM (__launch_bounds__ min blocks 4: 128 registers; 53 KB of shared memory each, 2
+// ring stages of 24.5 KB: X 16 KB + lambdas + L_down 8 KB), so 16 warps per SM from 4 independent CTAs:
 // one CTA's barrier or shuffle wait is hidden by the other three. Little's law: ~4.2 TB/s x ~1 us of
 // loaded DRAM latency / 132 SMs = ~32 KB of reads in flight per SM; each CTA keeps its next 16 KB X tile
 // in flight while it quantizes the current one, so 4 CTAs keep ~64 KB per SM in flight (2x margin). The
@@ -32,8 +32,10 @@
 //              L2 evict-first: read once) and a bulk copy of the NEXT chunk's 128 smoothing factors, on
 //              the stage's full mbarrier; every thread: 16-byte cp.async copies of the L_down tile
 //              (zero-filled past K), one cp.async group per chunk. Until session 21 every thread also
-//              cp.async'ed its X pieces: 187 instructions per thread and chunk for its 12 copies, 12% of
-//              the stall samples (benchmarks/NOTES.md).
+//              cp.async'ed its X pieces: at M = K = 4096, 187 instructions per thread and chunk for its 12
+//              copies and 12% of the stall samples; with the TMA box 36.4 -> 27.0 us, while M <= 64 (16-row
+//              blocks, latency-bound) went 6.0-6.1 -> 6.6-6.8 us, of which per-thread X copies in those
+//              blocks won back only ~0.15 us (benchmarks/NOTES.md).
 //  * table:    128 threads turn those factors into the next chunk's column table (lambda and its
 //              division reciprocal), so the quantizer never recomputes reciprocals.
 //  * quantize: each thread takes units of 16 consecutive k of one row from the staged X tile, its 16
