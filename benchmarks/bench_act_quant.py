@@ -12,9 +12,8 @@ the first 20 copies only (its compile time grows with R); at decode sizes that l
 L2, which favours the peer.
 
 Kernel-level timing note (csrc/kernels/sm90/act_quant.cu header): at M=4096, K=4096, r=32 the bytes
-moved are ~48.8 MB (floor 11.6 us at 4.2 TB/s; 80% = 14.5 us). The kernel issues ~23 SASS
-instructions per value (ncu, session 21), so it is issue-bound near the floor: 80% would need ~75% of
-the issue slots busy.
+moved are ~48.8 MB (floor 11.6 us at 4.2 TB/s; 80% = 14.5 us). Before its X tiles moved to TMA the
+kernel issued ~23 SASS instructions per value (ncu, session 21), so it is issue-bound near the floor.
 Before the redesign (1 CTA of 512 threads per SM, clusters of 4 running in two waves) Nsight Compute
 measured 75.8 us.
 """
