@@ -34,8 +34,8 @@
 //              (zero-filled past K), one cp.async group per chunk. Until session 21 every thread also
 //              cp.async'ed its X pieces: at M = K = 4096, 187 instructions per thread and chunk for its 12
 //              copies and 12% of the stall samples; with the TMA box 36.4 -> 27.0 us, while M <= 64 (16-row
-//              blocks, latency-bound) went 6.0-6.1 -> 6.6-6.8 us, of which per-thread X copies in those
-//              blocks won back only ~0.15 us (benchmarks/NOTES.md).
+//              blocks, latency-bound) went 6.0-6.1 -> 6.6-6.8 us; those blocks without any TMA or bulk copy
+//              won back only ~0.15 us, so that loss is not the load path (benchmarks/NOTES.md).
 //  * table:    128 threads turn those factors into the next chunk's column table (lambda and its
 //              division reciprocal), so the quantizer never recomputes reciprocals.
 //  * quantize: each thread takes units of 16 consecutive k of one row from the staged X tile, its 16
