@@ -629,7 +629,9 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   auto lambdas = [&](int slot) { return smem_base + Cfg::kLambdaRingOffset + slot * Cfg::kLambdaBytes; };
   auto lora_tile = [&](int slot) { return smem_base + Cfg::kLoraRingOffset + slot * Cfg::kLoraTileBytes; };
   auto table = [&](int chunk_index) { return table_base + (chunk_index & 1) * (2 * kChunkK * 4); };
-  auto full_barrier = [&](int slot) { return smem_base + Cfg::kBarrierOffset + slot * uint32_t{budget::kMbarrierBytes}; };
+  auto full_barrier = [&](int slot) {
+    return smem_base + Cfg::kBarrierOffset + slot * static_cast<uint32_t>(budget::kMbarrierBytes);
+  };
 
   // Thread 0: chunk `chunk`'s X tile (TMA) and the next chunk's lambdas (bulk copy) into a stage, on its
   // full barrier. The box is always whole (out-of-bounds rows and halves arrive as zeros and count).

@@ -5,10 +5,10 @@
 // A CTA owns block_rows rows and a range of 128-wide K chunks; per chunk (one ring stage) it stages the X
 // tile (TMA, 128-byte swizzle), the next chunk's 128 lambdas (a bulk copy) and, with a low-rank branch, the
 // L_down tile (cp.async). Shared memory: the X ring first (each tile 1 KB-aligned for the swizzle), then the
-// lambda and L_down rings, the column table and a full mbarrier per stage, + 1 KB to align the base. The plan fixes the CTAs
-// that must be resident on one SM (the occupancy the kernel is designed for: the bandwidth comes from
-// several small CTAs per SM, each hiding the others' barriers) and solves the deepest ring that lets that
-// many CTAs share the SM's 228 KB. The launch plan (PlanActQuantLaunch) picks the row block and the K
+// lambda and L_down rings, the column table and a full mbarrier per stage, + 1 KB to align the base.
+// The plan fixes the CTAs that must be resident on one SM (the occupancy the kernel is designed for: the
+// bandwidth comes from several small CTAs per SM, each hiding the others' barriers) and solves the deepest
+// ring that lets that many CTAs share the SM's 228 KB. The launch plan (PlanActQuantLaunch) picks the row block and the K
 // split from that occupancy, so the FFI lowering can size the split's workspace before any launch.
 #pragma once
 
