@@ -589,8 +589,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   using F = Format<kFormat>;
   extern __shared__ __align__(128) uint8_t smem[];
   // The X tiles are 128-byte-swizzled TMA destinations: 1 KB-aligned (the plan's slack).
-  const uint32_t smem_base =
-      (ptx::SharedAddress(smem) + budget::kSwizzledAlign - 1) & ~uint32_t{budget::kSwizzledAlign - 1};
+  const uint32_t smem_base = tma::SwizzledSharedBase(smem);
   const uint32_t table_base = smem_base + Cfg::kTableOffset;
 
   const int tid = threadIdx.x;

@@ -381,8 +381,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
   const int promotion_mask = kRawCodes ? min(group_mask, kRawCodesMaxPromotionCols - 1) : group_mask;
 
   // The X stages are wgmma operands with the 128-byte swizzle: 1 KB-aligned (the plan's slack).
-  const uint32_t smem_base =
-      (ptx::SharedAddress(smem_raw) + budget::kSwizzledAlign - 1) & ~uint32_t{budget::kSwizzledAlign - 1};
+  const uint32_t smem_base = tma::SwizzledSharedBase(smem_raw);
   uint8_t* smem = smem_raw + (smem_base - ptx::SharedAddress(smem_raw));
   const uint32_t weight_ring = smem_base + Cfg::kWeightRingOffset;
   const uint32_t x_ring = smem_base + Cfg::kXRingOffset;

@@ -1386,7 +1386,7 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
   using L = Smem<C>;
   extern __shared__ uint8_t smem_raw[];
   // The swizzled regions need a 1024-byte aligned base (the plan's total + 1 KB of slack is allocated).
-  const uint32_t smem = (ptx::SharedAddress(smem_raw) + budget::kSwizzledAlign - 1) & ~uint32_t{budget::kSwizzledAlign - 1};
+  const uint32_t smem = tma::SwizzledSharedBase(smem_raw);
   const Barriers<C> bar{smem + static_cast<uint32_t>(L::kBarriers)};
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
