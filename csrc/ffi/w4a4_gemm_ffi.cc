@@ -2,8 +2,8 @@
 // against the layout contract and the kernel's shape rules, launch csrc/kernels/sm90/w4a4_gemm.cu on
 // XLA's stream. The workspace (stream-K partials, or a long prefill's expanded weights) is a second result
 // that XLA allocates (the lowering sizes it with W4A4WorkspaceBytes for the `num_sms` it plans for) and its
-// stream-K flags are the library's own
-// (common/arrival_counters.h), so the call needs no memset and can be captured in a CUDA graph.
+// stream-K flags are the library's own (common/arrival_counters.h), so the call needs no memset and can be
+// captured in a CUDA graph.
 #include <cuda_runtime.h>
 
 #include <cstdint>

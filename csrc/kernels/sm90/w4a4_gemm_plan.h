@@ -4,8 +4,8 @@
 //
 // Tile: a CTA computes Yᵀ[tile_n columns of Y, tile_m tokens]: the weights are the wgmma A operand (int4
 // converted to e4m3 in registers, or, in the expanded-weights instance for long prefills, e4m3 codes that a
-// pass before the GEMM wrote to the workspace, loaded by TMA and read with ldmatrix; 64 output columns per consumer
-// warpgroup), the activations the B operand in shared memory (tile_m tokens). A cluster of `cluster` CTAs
+// pass before the GEMM wrote to the workspace, loaded by TMA and read with ldmatrix; 64 output columns per
+// consumer warpgroup), the activations the B operand in shared memory (tile_m tokens). A cluster of `cluster` CTAs
 // runs along N: its CTAs share the token tile, which is multicast (activations, their scales and LA);
 // weights, weight scales and L_up are private to each CTA.
 //
