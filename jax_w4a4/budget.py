@@ -144,9 +144,9 @@ REGISTERS_PER_SM = 64 * 1024
 @dataclasses.dataclass(frozen=True)
 class ActQuantPlan:
     """The sm90 act_quant plan of one instance (csrc/kernels/sm90/act_quant_plan.h): a CTA of
-    ``block_rows`` rows; per 128-wide K chunk (one ring stage) the X tile, the next chunk's lambdas and
-    the L_down tile, with a full mbarrier (``barrier_bytes``); ``ctas_per_sm`` CTAs designed to share an SM.
-    ``total_bytes`` includes 1 KB that aligns the X tiles for their 128-byte swizzle."""
+    ``block_rows`` rows; per 128-wide K chunk (one ring stage) the X tile, the L_down tile and the next
+    chunk's lambdas, with a full mbarrier (``barrier_bytes``); ``ctas_per_sm`` CTAs designed to share an SM.
+    ``total_bytes`` includes 1 KB that aligns the X and L_down tiles for their swizzle."""
 
     block_rows: int
     rank_cap: int

@@ -34,21 +34,33 @@ inline constexpr int64_t kArrivalCounters = 4096;
 #ifdef __CUDACC__
 static __device__ uint32_t g_arrival_counters[kArrivalCounters];
 
-// Called by every thread of the CTA after its share of a result is stored: true in every thread of the
-// CTA that arrives last of `arrivals` at `counter` (and then sees every other CTA's stores). That CTA
-// re-arms the counter; no other CTA of the launch touches it again.
-__device__ __forceinline__ bool ArriveLast(uint32_t* counter, uint32_t arrivals) {
+// ArriveLast in two halves, so that a CTA can go on working between its arrival and the answer. ArriveBegin:
+// called by every thread after its share of the result is stored; thread 0 publishes the CTA's stores and
+// arrives (its fence waits for them, the other warps do not). ArriveEnd(what ArriveBegin returned): called by
+// every thread later; true in every thread of the CTA that arrived last of `arrivals` at `counter` (and then
+// sees every other CTA's stores). That CTA re-arms the counter; no other CTA of the launch touches it again.
+__device__ __forceinline__ uint32_t ArriveBegin(uint32_t* counter) {
   // bar.sync orders every thread's stores before thread 0's fence (one fence per CTA, not one per thread).
   __syncthreads();
-  bool last = false;
+  uint32_t earlier_arrivals = 0;
   if (threadIdx.x == 0) {
     __threadfence();
-    last = atomicAdd(counter, 1u) == arrivals - 1;
-    if (last) atomicExch(counter, 0u);
+    earlier_arrivals = atomicAdd(counter, 1u);  // read only in ArriveEnd: the warp does not wait for it here
   }
+  return earlier_arrivals;
+}
+
+__device__ __forceinline__ bool ArriveEnd(uint32_t* counter, uint32_t arrivals, uint32_t earlier_arrivals) {
+  const bool last = threadIdx.x == 0 && earlier_arrivals == arrivals - 1;
+  if (last) atomicExch(counter, 0u);
   if (!__syncthreads_or(last)) return false;
   __threadfence();
   return true;
+}
+
+// Both halves at once: the CTA has nothing to do in between.
+__device__ __forceinline__ bool ArriveLast(uint32_t* counter, uint32_t arrivals) {
+  return ArriveEnd(counter, arrivals, ArriveBegin(counter));
 }
 
 // Host check of the invariant (for tests; synchronizes the current device): how many counters of this

@@ -12,46 +12,46 @@
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
-// With the X tiles still copied by every thread, the SASS issued ~23 instructions per value (ncu, session
-// 21, M = K = 4096, r = 32; int4: two exact divisions 6, unpack + absmax 2, rounding 2, packing ~0.75,
-// the LA mma ~1, the rest copies, tables, shuffles and scales), i.e. ~3.7 of the SM's 4 warp-instructions
-// per cycle at full bandwidth: 80% of 4.2 TB/s needs fewer instructions per value AND the DRAM latency
-// hidden. Large M, rank <= 32: CTAs of 64 rows x 128 threads
-// (4 warps), 4 per SM (__launch_bounds__ min blocks 4: 128 registers; 53 KB of shared memory each, 2
-// ring stages of 24.5 KB: X 16 KB + lambdas + L_down 8 KB), so 16 warps per SM from 4 independent CTAs:
-// one CTA's barrier or shuffle wait is hidden by the other three. Little's law: ~4.2 TB/s x ~1 us of
-// loaded DRAM latency / 132 SMs = ~32 KB of reads in flight per SM; each CTA keeps its next 16 KB X tile
-// in flight while it quantizes the current one, so 4 CTAs keep ~64 KB per SM in flight (2x margin). The
-// L_down tile is shared by the CTA's 64 rows (re-reads from L2: 0.5 B per X byte at rank 32). M = 4096
-// runs 64 row blocks x S = 8: one wave of 512 of the 528 resident CTAs.
-// Small M (16-row blocks, S up to 32) keeps M = 1..64 on 32+ SMs; ranks above 32 run fewer, larger CTAs.
+// The SASS issues ~17 instructions per value (ncu, session 22, M = 4096, K = 12288, r = 32: 26.6 M warp
+// instructions; the quantizer ~13.6 of them, of which the bit-exact divisions 6, unpack + absmax 2,
+// rounding 2, packing 0.5), so at full bandwidth the SM would issue ~2.8 of its 4 warp-instructions per
+// cycle: the kernel is bound by issue and latency, not by DRAM (an XLA convert of X to e4m3, the same
+// 2 B in and 1 B out per value, reaches 60-62% of 4.2 TB/s; benchmarks/NOTES.md, session 22).
+// Large M, rank <= 32: CTAs of 64 rows x 128 threads (4 warps), 4 per SM (__launch_bounds__ min blocks 4:
+// 128 registers; 53 KB of shared memory each, 2 ring stages of 24.5 KB: X 16 KB + L_down 8 KB + lambdas),
+// so 16 warps per SM from 4 independent CTAs: one CTA's barrier or shuffle wait is hidden by the other
+// three (8-warp CTAs, 2 per SM with 4 stages, were 6% slower). Little's law: ~4.2 TB/s x ~1 us of loaded
+// DRAM latency / 132 SMs = ~32 KB of reads in flight per SM; each CTA keeps its next 24 KB stage in flight
+// while it computes the current one, so 4 CTAs keep ~96 KB per SM in flight. The L_down tile is shared by
+// the CTA's 64 rows (re-reads from L2: 0.5 B per X byte at rank 32). M = 4096 runs 64 row blocks x S = 8:
+// one wave of 512 of the 528 resident CTAs. Small M (16-row blocks, S up to 32) keeps M = 1..64 on 32+
+// SMs; ranks above 32 run fewer, larger CTAs.
 //
-// Pipeline (one per CTA, every thread takes every role but the X load; a kStages-deep ring, one
+// Pipeline (one per CTA, every thread takes every role but the loads; a kStages-deep ring, one
 // __syncthreads per chunk, which with 4 CTAs per SM costs one CTA's issue slots, not the SM's):
-//  * load:     thread 0: one TMA box of the chunk's X tile (rows past M and k past K arrive as zeros;
-//              L2 evict-first: read once) and a bulk copy of the NEXT chunk's 128 smoothing factors, on
-//              the stage's full mbarrier; every thread: 16-byte cp.async copies of the L_down tile
-//              (zero-filled past K), one cp.async group per chunk. Until session 21 every thread also
-//              cp.async'ed its X pieces: at M = K = 4096, 187 instructions per thread and chunk for its 12
-//              copies and 12% of the stall samples; with the TMA box 36.4 -> 27.0 us, while M <= 64 (16-row
-//              blocks, latency-bound) went 6.0-6.1 -> 6.6-6.8 us; those blocks without any TMA or bulk copy
-//              won back only ~0.15 us, so that loss is not the load path (benchmarks/NOTES.md).
+//  * load:     thread 0, on the stage's full mbarrier: one TMA box of the chunk's X tile (rows past M and
+//              k past K arrive as zeros; L2 evict-first: read once), one TMA box per L_down slab (ranks
+//              past the rank and k past K arrive as zeros) and a bulk copy of the NEXT chunk's 128
+//              smoothing factors. Per-thread copies cost ~3 instructions per value and 12% of the stall
+//              samples (X, session 21), then 80 instructions per warp and chunk (L_down, session 22).
 //  * table:    128 threads turn those factors into the next chunk's column table (lambda and its
 //              division reciprocal), so the quantizer never recomputes reciprocals.
-//  * quantize: each thread takes units of 16 consecutive k of one row from the staged X tile, its 16
-//              column lambdas loaded once per chunk, then kPasses passes of kUnits rows:
-//              X̂ = fp32(X) / lambda, group absmax by warp shuffles, scale (computed once per group and
-//              shared), q; writes q and the scale.
+//  * quantize: each thread takes units of 16 consecutive k of one row from the staged X tile, kPasses
+//              passes of kUnits rows, each pass with its 16 column lambdas from the table (registers for
+//              two units, not for a chunk's lambdas): X̂ = fp32(X) / lambda, group absmax by warp shuffles,
+//              scale (computed once per group and shared), q; writes q and the scale.
 //  * low-rank: each warp runs mma.sync m16n8k16 (bf16/fp16 -> fp32) with A = the same staged X tile
 //              (ldmatrix, once per k16 step for all its column pairs) and B = the L_down tile
 //              (ldmatrix.trans); accumulators stay in registers.
 //  * epilogue: LA as fp32; with a K split, partials through the workspace, summed in split order by the
-//              row block's last CTA (an arrival counter of common/arrival_counters.h: no memset).
+//              row block's last CTA (an arrival counter of common/arrival_counters.h: no memset). The
+//              CTA publishes its partial and arrives before it quantizes its last chunk.
 //
 // Shared memory (ActQuantPlan, static_assert'ed: the ring fits kCtasPerSm CTAs per SM), from a 1 KB-aligned
-// base: the X tiles (kBlockRows x 256 B each, TMA's 128-byte swizzle: XPieceOffset), the lambdas (512 B a
-// stage), the L_down tiles (128 x 2 kRankCap B, pieces XOR-swizzled: LoraPieceOffset), the double-buffered
-// column table (2 KB) and a full mbarrier per stage.
+// base: the X tiles (kBlockRows x 256 B each, TMA's 128-byte swizzle: XPieceOffset), the L_down tiles (128
+// k x kRankCap ranks in 64-rank slabs, TMA's 128- or 64-byte swizzle: LoraLayout), the lambdas (512 B a
+// stage), the double-buffered column table (2 KB, quads interleaved: TableIndex) and a full mbarrier per
+// stage.
 //
 // Exact division. The contract is IEEE division (x / lambda, absmax / qmax, X̂ / scale), bit for bit with
 // __fdiv_rn. __fdiv_rn costs ~9 instructions per element (MUFU.RCP, FCHK, 5 FFMA, a branch), which
@@ -85,14 +85,12 @@
 namespace jax_w4a4::sm90 {
 namespace {
 
-using ptx::CpAsyncCommit;
-using ptx::CpAsyncWait;
 using ptx::LdMatrixX4;
 using ptx::Mma16816;
 
 
 constexpr int kChunkK = 128;            // k per pipeline stage: two int4 groups or one fp8 group
-constexpr int kPieceBytes = 16;         // one cp.async or swizzle chunk = 8 halves
+constexpr int kPieceBytes = 16;         // one swizzle chunk = 8 halves
 constexpr int kXHalfK = 64;             // k of a 128-byte half row: the TMA box's inner extent
 constexpr int kXRowBytes = kChunkK * 2;  // 256, unpadded (swizzled)
 constexpr int kUnitK = 16;              // quantizer unit: 16 consecutive k of one row (two pieces)
@@ -110,15 +108,24 @@ __host__ __device__ constexpr uint32_t XPieceOffset(int r, int p) {
   return static_cast<uint32_t>(r * kXRowBytes + h * 128 + (((p % 8) ^ ((2 * r + h) % 8)) * kPieceBytes));
 }
 
-// Byte offset of piece j (8 ranks) of row kk (one k) in an L_down tile of 2 kRankCap-byte rows: the piece
-// XORed with f(kk), so that ldmatrix.trans's 8 consecutive rows of one piece hit 8 distinct bank groups:
-// f = kk % 8 for rows of 128 bytes and more, (kk / 2) % 4 for 64-byte rows (two rows share 128 bytes).
+// An L_down tile (128 k x kRankCap ranks) as TMA writes it: slabs of kSlabRanks ranks (64, or all of a
+// 32-rank cap), each one 2-D box of 128 rows with the swizzle that matches its row length (128 or 64 bytes).
 template <int kRankCap>
-__host__ __device__ constexpr uint32_t LoraPieceOffset(int kk, int j) {
-  constexpr int kPitch = 2 * kRankCap;
-  const int f = kPitch >= 128 ? kk % 8 : (kk / 2) % 4;
-  return static_cast<uint32_t>(kk * kPitch + (j ^ f) * kPieceBytes);
-}
+struct LoraLayout {
+  static constexpr int kSlabRanks = kRankCap < 64 ? kRankCap : 64;
+  static constexpr int kSlabRowBytes = 2 * kSlabRanks;
+  static constexpr int kSlabBytes = kChunkK * kSlabRowBytes;
+  static constexpr int kSlabs = kSlabRanks == 0 ? 0 : kRankCap / kSlabRanks;
+  static constexpr int kPiecesPerSlabRow = kSlabRanks == 0 ? 1 : kSlabRanks / 8;  // (1: no branch, never used)
+  // Byte offset of piece j (8 ranks) of row kk (one k): in its slab, the piece's 16-byte chunk is XORed with
+  // kk % 8 (128-byte swizzle) or (kk / 2) % 4 (64-byte swizzle: two rows share a 128-byte line), so
+  // ldmatrix.trans's 8 consecutive rows of one piece hit 8 distinct bank groups. Slabs are 1 KB-aligned.
+  static __host__ __device__ constexpr uint32_t PieceOffset(int kk, int j) {
+    const int slab = j / kPiecesPerSlabRow, c = j % kPiecesPerSlabRow;
+    const int f = kSlabRowBytes == 128 ? kk % 8 : (kk / 2) % 4;
+    return static_cast<uint32_t>(slab * kSlabBytes + kk * kSlabRowBytes + (c ^ f) * kPieceBytes);
+  }
+};
 
 // Tile shape, warp roles and the shared-memory budget of one kernel instance, from its plan
 // (act_quant_plan.h: the same constexpr plan python -m jax_w4a4.budget prints).
@@ -141,8 +148,7 @@ struct TileConfig {
   static constexpr int kColGroups = kWarps / kRowTiles;
   static constexpr int kPairsPerWarp = (kRankCap / 16 + kColGroups - 1) / kColGroups;
   static constexpr int kAccumulatorsPerThread = kPairsPerWarp * 2 * 4;
-  static constexpr int kLoraRowPitch = static_cast<int>(kPlan.lora_row_pitch);
-  static constexpr int kLoraLoadsPerThread = kChunkK * kRankCap / 8 / kThreads;
+  using Lora = LoraLayout<kRankCap>;
   // Shared memory, from the 1 KB-aligned base: the X ring, the lambda ring (each stage the NEXT chunk's 128
   // lambdas), the L_down ring, the column table (double buffered: a chunk's lambdas and their division
   // reciprocals, NaN where lambda is outside the fast path's domain, built one chunk ahead), the full
@@ -151,9 +157,9 @@ struct TileConfig {
   static constexpr int kLambdaBytes = static_cast<int>(kPlan.lambda_bytes);
   static constexpr int kLoraTileBytes = static_cast<int>(kPlan.lora_tile_bytes);
   static constexpr int kStages = kPlan.stages;
-  static constexpr int kLambdaRingOffset = kStages * kXTileBytes;
-  static constexpr int kLoraRingOffset = kLambdaRingOffset + kStages * kLambdaBytes;
-  static constexpr int kTableOffset = kLoraRingOffset + kStages * kLoraTileBytes;
+  static constexpr int kLoraRingOffset = kStages * kXTileBytes;
+  static constexpr int kLambdaRingOffset = kLoraRingOffset + kStages * kLoraTileBytes;
+  static constexpr int kTableOffset = kLambdaRingOffset + kStages * kLambdaBytes;
   static constexpr int kBarrierOffset = kTableOffset + static_cast<int>(kPlan.column_table_bytes);
   static constexpr int kSmemBytes = static_cast<int>(kPlan.total_bytes);
 
@@ -165,21 +171,22 @@ struct TileConfig {
   static_assert(kPasses * kUnits * kQuantRowStep == kBlockRows, "units divide evenly");
   static_assert(kUnits >= 1 && kUnits <= 2, "at most two units (32 X̂ registers) per pass");
   static_assert(kRankCap % 16 == 0 && kRankCap <= kMaxRank, "rank is a multiple of 16, at most 256");
-  static_assert(kLoraLoadsPerThread * kThreads == kChunkK * kRankCap / 8, "L_down pieces divide evenly");
+  static_assert(Lora::kSlabs * Lora::kSlabBytes == kLoraTileBytes && kPlan.lora_row_pitch == 2 * kRankCap,
+                "the L_down tile is the plan's");
   static_assert(kAccumulatorsPerThread <= 64, "LA accumulators must stay in registers");
-  static_assert(kXTileBytes % budget::kSwizzledAlign == 0, "every X tile starts a 128-byte-swizzle atom (1 KB)");
-  static_assert(kLambdaRingOffset % budget::kBulkAlign == 0 && kLambdaBytes % budget::kBulkAlign == 0 &&
-                    kLoraRingOffset % budget::kBulkAlign == 0 && kLoraTileBytes % budget::kBulkAlign == 0,
-                "bulk-copy and cp.async destinations; L_down rows keep their 128-byte bank windows");
+  static_assert(kXTileBytes % budget::kSwizzledAlign == 0 && kLoraRingOffset % budget::kSwizzledAlign == 0 &&
+                    Lora::kSlabBytes % budget::kSwizzledAlign == 0,
+                "every X tile and L_down slab starts a swizzle atom (1 KB)");
+  static_assert(kLambdaRingOffset % budget::kBulkAlign == 0 && kLambdaBytes % budget::kBulkAlign == 0,
+                "bulk-copy destinations");
   static_assert(kBarrierOffset % budget::kMbarrierBytes == 0 && kPlan.barrier_bytes == kStages * budget::kMbarrierBytes,
                 "a full mbarrier per stage");
   static_assert(kSmemBytes == kBarrierOffset + kPlan.barrier_bytes + budget::kSwizzledAlign, "the layout is the plan");
-  static_assert(kXTileBytes + kLambdaBytes < (1 << 20), "mbarrier tx-count range");
+  static_assert(kXTileBytes + kLambdaBytes + kLoraTileBytes < (1 << 20), "mbarrier tx-count range");
 };
 
 struct Params {
   const float* smooth;
-  const uint8_t* lora_down;
   uint8_t* q;
   uint8_t* scales;
   float* la;
@@ -192,12 +199,6 @@ struct Params {
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------------
-
-// 16-byte global->shared copies; with valid == false nothing is read and the 16 bytes are zero-filled.
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
 
 // Shared-memory accesses by explicit address (the stage ring is addressed as 32-bit shared offsets).
 __device__ __forceinline__ uint4 LdShared128(uint32_t addr) {
@@ -326,12 +327,22 @@ struct ColumnLambdas {
   float reciprocal[kUnitK];
 };
 
+// Float index of column c (0..127) in a half of the column table: the four float4 quads of a unit column's 16
+// columns are interleaved with the other unit columns' (quad q of unit column u at float 4 (8 q + u)), so one
+// LDS.128 of LoadColumnLambdas reads 128 contiguous bytes for a warp's 8 unit columns. Unit-column-major, it
+// read 8 quads 64 bytes apart (16 wavefronts instead of 4) and, at M = 4096, K = 12288, those loads were 45%
+// of the kernel's shared-memory wavefronts (ncu, session 22).
+__host__ __device__ constexpr int TableIndex(int column) {
+  const int u = column / kUnitK, j = column % kUnitK;
+  return (j / 4 * kUnitsPerRow + u) * 4 + j % 4;
+}
+
 __device__ __forceinline__ ColumnLambdas LoadColumnLambdas(uint32_t table, int unit_column) {
   ColumnLambdas c;
 #pragma unroll
   for (int j = 0; j < kUnitK; j += 4) {
-    const float4 l = LdShared128f(table + (unit_column * kUnitK + j) * 4);
-    const float4 r = LdShared128f(table + (kChunkK + unit_column * kUnitK + j) * 4);
+    const float4 l = LdShared128f(table + TableIndex(unit_column * kUnitK + j) * 4);
+    const float4 r = LdShared128f(table + (kChunkK + TableIndex(unit_column * kUnitK + j)) * 4);
     c.value[j] = l.x, c.value[j + 1] = l.y, c.value[j + 2] = l.z, c.value[j + 3] = l.w;
     c.reciprocal[j] = r.x, c.reciprocal[j + 1] = r.y, c.reciprocal[j + 2] = r.z, c.reciprocal[j + 3] = r.w;
   }
@@ -396,17 +407,19 @@ struct GroupScale {
   bool needs_clamp;   // |X̂ / scale| may round past the code range (subnormal scale)
 };
 
+// The fast path divides by the constant code range with 1 / qmax rounded to fp32, an immediate: for 7, 15 and
+// 448 it is what DivisionReciprocal returns (a fixed point of its Newton step), so no instructions rebuild it.
 template <class T, ActFormat kFormat, bool kExact>
 __device__ __forceinline__ GroupScale ScaleOf(float amax) {
   GroupScale g;
   if constexpr (kFormat == ActFormat::kFp8) {
     // scale = absmax / 448 in fp32.
-    g.scale = kExact ? __fdiv_rn(amax, 448.0f) : DivideFast(amax, 448.0f, DivisionReciprocal(448.0f));
+    g.scale = kExact ? __fdiv_rn(amax, 448.0f) : DivideFast(amax, 448.0f, 1.0f / 448.0f);
     g.bits = 0;
   } else {
     // scale = absmax / qmax rounded to X's dtype.
     constexpr float kQmax = kFormat == ActFormat::kUint4 ? 15.0f : 7.0f;
-    const float scale_f32 = kExact ? __fdiv_rn(amax, kQmax) : DivideFast(amax, kQmax, DivisionReciprocal(kQmax));
+    const float scale_f32 = kExact ? __fdiv_rn(amax, kQmax) : DivideFast(amax, kQmax, 1.0f / kQmax);
     g.bits = Half<T>::Round(scale_f32);
     g.scale = Half<T>::Widen(g.bits);
   }
@@ -564,11 +577,11 @@ template <class T, ActFormat kFormat, int kUnits, int kPasses, int kRowStep>
 __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, const ThreadRows& rows,
                                               int unit_column, uint32_t q_chunk, uint32_t scale_chunk,
                                               uint32_t scale_step, bool col_valid) {
-  const ColumnLambdas lambdas = LoadColumnLambdas(table, unit_column);
-  // Not unrolled: one pass of X̂ live at a time keeps the instance within its register cap (other
-  // warps, not unrolling, hide each pass's shuffle latency).
+  // Not unrolled: one pass of X̂ and column lambdas live at a time keeps the instance within its register
+  // cap (other warps, not unrolling, hide each pass's shuffle latency).
 #pragma unroll 1
   for (int pass = 0; pass < kPasses; ++pass) {
+    const ColumnLambdas lambdas = LoadColumnLambdas(table, unit_column);
     constexpr int kPassRows = kUnits * kRowStep;
     ThreadRows pass_rows = rows;
     pass_rows.q = rows.q + pass * kUnits * rows.q_step;
@@ -584,7 +597,8 @@ __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, c
 // Grid: row blocks x p.k_splits. Each CTA writes the q and scales of its rows and chunks; LA as below.
 template <class T, ActFormat kFormat, int kBlockRows, int kRankCap>
 __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, TileConfig<kBlockRows, kRankCap>::kCtasPerSm)
-    ActQuantKernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ Params p) {
+    ActQuantKernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_lora,
+                   const __grid_constant__ Params p) {
   using Cfg = TileConfig<kBlockRows, kRankCap>;
   using F = Format<kFormat>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -622,7 +636,11 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   rows.rows_left = rows_left - first_row;
 
   const int rank = kRankCap == 0 ? 0 : p.rank;
-  const int lora_units_per_row = rank / 8;  // 16-byte pieces of an L_down row
+  // L_down slabs holding ranks below `rank` (the others are never read: their column pairs are past it).
+  const int lora_slabs = [&] {
+    if constexpr (kRankCap == 0) return 0;
+    else return (rank + Cfg::Lora::kSlabRanks - 1) / Cfg::Lora::kSlabRanks;
+  }();
 
   auto x_tile = [&](int slot) { return smem_base + slot * Cfg::kXTileBytes; };
   auto lambdas = [&](int slot) { return smem_base + Cfg::kLambdaRingOffset + slot * Cfg::kLambdaBytes; };
@@ -632,38 +650,23 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
     return smem_base + Cfg::kBarrierOffset + slot * static_cast<uint32_t>(budget::kMbarrierBytes);
   };
 
-  // Thread 0: chunk `chunk`'s X tile (TMA) and the next chunk's lambdas (bulk copy) into a stage, on its
-  // full barrier. The box is always whole (out-of-bounds rows and halves arrive as zeros and count).
+  // Thread 0: chunk `chunk`'s X tile and L_down slabs (TMA) and the next chunk's lambdas (bulk copy) into a
+  // stage, on its full barrier. Boxes are always whole: rows past M, k past K and ranks past `rank` arrive
+  // as zeros and count.
   const uint64_t evict_first = ptx::L2EvictFirstPolicy();
   auto issue_chunk = [&](int slot, int chunk) {
     const int k_begin = chunk * kChunkK;
     const int k_next = k_begin + kChunkK;
     const uint32_t lambda_bytes = chunk + 1 < chunk_end && k_next < p.k ? min(kChunkK, p.k - k_next) * 4 : 0;
-    tma::MbarArriveExpectTx(full_barrier(slot), Cfg::kXTileBytes + lambda_bytes);
+    tma::MbarArriveExpectTx(full_barrier(slot),
+                            Cfg::kXTileBytes + lambda_bytes + lora_slabs * Cfg::Lora::kSlabBytes);
     tma::TmaLoad3dHint(tm_x, x_tile(slot), full_barrier(slot), 0, k_begin / kXHalfK, static_cast<int>(row0),
                        evict_first);
-    if (lambda_bytes > 0) tma::BulkLoad(lambdas(slot), p.smooth + k_next, lambda_bytes, full_barrier(slot));
-  };
-  // Every thread: its pieces of chunk `chunk`'s L_down tile (cp.async, zero-filled past K).
-  auto copy_lora = [&](int slot, int chunk) {
-    if constexpr (kRankCap > 0) {
-      // Piece j of L_down row kk of the chunk: pieces are dealt over the instance's row capacity
-      // (kRankCap / 8 per row, a power of two); those past the actual rank are skipped.
-      constexpr int kCapPiecesPerRow = kRankCap / 8;
-      const int k_begin = chunk * kChunkK;
-      const int valid_rows = min(kChunkK, p.k - k_begin);
-      const uint8_t* chunk_src = p.lora_down + static_cast<int64_t>(k_begin) * rank * 2;
-#pragma unroll
-      for (int i = 0; i < Cfg::kLoraLoadsPerThread; ++i) {
-        const int piece = tid + i * Cfg::kThreads;
-        const int kk = piece / kCapPiecesPerRow, j = piece % kCapPiecesPerRow;
-        if (j < lora_units_per_row) {
-          const bool valid = kk < valid_rows;
-          CpAsync16(lora_tile(slot) + LoraPieceOffset<kRankCap>(kk, j),
-                    valid ? chunk_src + (kk * lora_units_per_row + j) * kPieceBytes : p.lora_down, valid);
-        }
-      }
+    for (int slab = 0; slab < lora_slabs; ++slab) {
+      tma::TmaLoad2d(tm_lora, lora_tile(slot) + slab * Cfg::Lora::kSlabBytes, full_barrier(slot),
+                     slab * Cfg::Lora::kSlabRanks, k_begin);
     }
+    if (lambda_bytes > 0) tma::BulkLoad(lambdas(slot), p.smooth + k_next, lambda_bytes, full_barrier(slot));
   };
 
   // Low-rank: this warp's 16-row tile and n16 column pairs; per-lane ldmatrix offsets inside a tile.
@@ -679,8 +682,8 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   uint32_t b_lane[Cfg::kPairsPerWarp > 0 ? Cfg::kPairsPerWarp : 1];
 #pragma unroll
   for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
-    b_lane[pp] = LoraPieceOffset<kRankCap>((lane & 7) + ((lane >> 3) & 1) * 8,
-                                           2 * (col_group + pp * Cfg::kColGroups) + (lane >> 4));
+    b_lane[pp] = Cfg::Lora::PieceOffset((lane & 7) + ((lane >> 3) & 1) * 8,
+                                        2 * (col_group + pp * Cfg::kColGroups) + (lane >> 4));
   }
   float acc[Cfg::kPairsPerWarp > 0 ? Cfg::kPairsPerWarp : 1][2][4] = {};
 
@@ -694,13 +697,16 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
 #pragma unroll
     for (int ks = 0; ks < kChunkK / 16; ++ks) {
       uint32_t a[4];
-      LdMatrixX4(a, x_tile(slot) + (a_lane[ks / 4] ^ ((ks % 4) << 5)));
+      // The XOR is applied to the tile's address (1 KB-aligned: bits 4-6 are a_lane's), so ptxas cannot hoist
+      // eight XORed lane offsets out of the chunk loop into live registers (it did: 20 bytes of spills
+      // with two units per pass).
+      LdMatrixX4(a, (x_tile(slot) + a_lane[ks / 4]) ^ ((ks % 4) << 5));
 #pragma unroll
       for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
         const int pair = col_group + pp * Cfg::kColGroups;
         if (!kAllPairs && pair >= num_pairs) break;  // warp-uniform
         uint32_t b[4];
-        LdMatrixX4Trans(b, lora_tile(slot) + ks * 16 * Cfg::kLoraRowPitch + b_lane[pp]);
+        LdMatrixX4Trans(b, lora_tile(slot) + ks * 16 * Cfg::Lora::kSlabRowBytes + b_lane[pp]);
         Mma16816<T>(acc[pp][0], a, b[0], b[1]);
         Mma16816<T>(acc[pp][1], a, b[2], b[3]);
       }
@@ -714,6 +720,40 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
         low_rank_steps(slot, std::false_type{});
       }
     }
+  };
+
+  // This CTA's sum over its chunks: LA itself, or with a K split its partial in the workspace (whole rows:
+  // the reduction reads them as float4s), then the arrival at the row block's counter (one per row block).
+  // Called once the last chunk's low-rank MMAs are done, before that chunk is quantized: thread 0's fence
+  // waits for the CTA's stores while the other warps quantize (at the CTA's end it idled all of them: 7% of
+  // the stall samples at M = 4096, K = 12288, session 22). Returns ArriveBegin's result for ArriveEnd.
+  auto publish_la = [&]() -> uint32_t {
+    if constexpr (kRankCap > 0) {
+      const bool split_k = p.k_splits > 1;
+      const int64_t block_floats = int64_t{kBlockRows} * rank;
+      float* const own = split_k ? p.la_partials + (int64_t{blockIdx.x} * p.k_splits + split) * block_floats
+                                 : p.la + row0 * rank;
+      const int own_rows = split_k ? kBlockRows : rows_left;
+      const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+      for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
+        const int pair = col_group + pp * Cfg::kColGroups;
+        if (pair >= num_pairs) break;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int col = pair * 16 + half * 8 + 2 * c;
+#pragma unroll
+          for (int rh = 0; rh < 2; ++rh) {
+            const int r = row_tile * 16 + g + rh * 8;
+            if (r < own_rows) {
+              *reinterpret_cast<float2*>(own + r * rank + col) = make_float2(acc[pp][half][2 * rh], acc[pp][half][2 * rh + 1]);
+            }
+          }
+        }
+      }
+      if (split_k) return ArriveBegin(g_arrival_counters + blockIdx.x);
+    }
+    return 0;
   };
 
   // ---- main loop: kStages-deep ring; the column table runs one chunk ahead ----
@@ -730,36 +770,28 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   __syncthreads();  // the barriers are initialized
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < num_local_chunks) {
-      if (tid == 0) issue_chunk(s, chunk_begin + s);
-      copy_lora(s, chunk_begin + s);
-    }
-    CpAsyncCommit();
+    if (tid == 0 && s < num_local_chunks) issue_chunk(s, chunk_begin + s);
   }
   if (builds_first_table) {
-    StShared32f(table(0) + tid * 4, first_lambda);
-    StShared32f(table(0) + (kChunkK + tid) * 4, TableReciprocal(first_lambda));
+    StShared32f(table(0) + TableIndex(tid) * 4, first_lambda);
+    StShared32f(table(0) + (kChunkK + TableIndex(tid)) * 4, TableReciprocal(first_lambda));
   }
+  uint32_t earlier_arrivals = num_local_chunks == 0 ? publish_la() : 0;
   uint32_t full_phase = 0;  // parity of the slot's full barrier for chunk i (flips when the slot wraps)
   for (int i = 0, slot = 0; i < num_local_chunks; ++i) {
     const int chunk = chunk_begin + i;
-    CpAsyncWait<Cfg::kStages - 2>();            // this thread's L_down pieces of chunk i
-    tma::MbarWait(full_barrier(slot), full_phase);  // chunk i's X tile and chunk i + 1's lambdas
+    tma::MbarWait(full_barrier(slot), full_phase);  // chunk i's X and L_down tiles and chunk i + 1's lambdas
     __syncthreads();  // chunk i and table i visible to all; everyone is done with chunk i - 1's slot
     if (tid < kChunkK) {  // table i + 1 from the lambdas staged with chunk i (0 where none were)
       const bool staged = chunk + 1 < chunk_end && (chunk + 1) * kChunkK + tid < p.k;
       const float lambda = staged ? LdShared32f(lambdas(slot) + tid * 4) : 0.0f;
-      StShared32f(table(i + 1) + tid * 4, lambda);
-      StShared32f(table(i + 1) + (kChunkK + tid) * 4, TableReciprocal(lambda));
+      StShared32f(table(i + 1) + TableIndex(tid) * 4, lambda);
+      StShared32f(table(i + 1) + (kChunkK + TableIndex(tid)) * 4, TableReciprocal(lambda));
     }
     const int next = i + Cfg::kStages - 1;  // goes to chunk i - 1's slot
-    if (next < num_local_chunks) {
-      const int next_slot = slot == 0 ? Cfg::kStages - 1 : slot - 1;
-      if (tid == 0) issue_chunk(next_slot, chunk_begin + next);
-      copy_lora(next_slot, chunk_begin + next);
-    }
-    CpAsyncCommit();
+    if (tid == 0 && next < num_local_chunks) issue_chunk(slot == 0 ? Cfg::kStages - 1 : slot - 1, chunk_begin + next);
     low_rank_chunk(slot);
+    if (i == num_local_chunks - 1) earlier_arrivals = publish_la();
     QuantizeChunk<T, kFormat, Cfg::kUnits, Cfg::kPasses, Cfg::kQuantRowStep>(
         x_tile(slot) + x_unit, table(i), rows, unit_column, chunk * (kChunkK * F::kUnitQBytes / kUnitK),
         chunk * 4 /* one fp32 or two 16-bit scales per row */, scale_step, chunk * kChunkK + unit_column * kUnitK < p.k);
@@ -769,32 +801,10 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
 
   // ---- epilogue: LA ----
   if constexpr (kRankCap > 0) {
-    // This CTA's sum over its chunks: LA itself, or with a K split its partial in the workspace (whole
-    // rows: the reduction reads them as float4s).
     const bool split_k = p.k_splits > 1;
     const int64_t block_floats = int64_t{kBlockRows} * rank;
-    float* const own = split_k ? p.la_partials + (int64_t{blockIdx.x} * p.k_splits + split) * block_floats
-                               : p.la + row0 * rank;
-    const int own_rows = split_k ? kBlockRows : rows_left;
-    const int g = lane >> 2, c = lane & 3;
-#pragma unroll
-    for (int pp = 0; pp < Cfg::kPairsPerWarp; ++pp) {
-      const int pair = col_group + pp * Cfg::kColGroups;
-      if (pair >= num_pairs) break;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int col = pair * 16 + half * 8 + 2 * c;
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {
-          const int r = row_tile * 16 + g + rh * 8;
-          if (r < own_rows) {
-            *reinterpret_cast<float2*>(own + r * rank + col) = make_float2(acc[pp][half][2 * rh], acc[pp][half][2 * rh + 1]);
-          }
-        }
-      }
-    }
     if (split_k) {
-      if (!ArriveLast(g_arrival_counters + blockIdx.x, p.k_splits)) return;  // one counter per row block
+      if (!ArriveEnd(g_arrival_counters + blockIdx.x, p.k_splits, earlier_arrivals)) return;
       // kSplitsInFlight splits at a time, all their items' loads issued together (~16 float4 loads in
       // flight), then added in split order: the tail costs ~splits x items / 16 L2 round trips. Splits
       // are powers of two, so a block is either full or the only one; a missing split adds +0.
@@ -843,7 +853,8 @@ constexpr int kMaxDevices = 64;
 // One kernel instance: its function attributes (set once per device: an attribute is a property of the
 // device's context), then the launch on a grid of row blocks x K splits.
 template <class T, ActFormat kFormat, int kBlockRows, int kRankCap>
-cudaError_t LaunchInstance(const Params& params, const void* x, int64_t row_blocks, cudaStream_t stream) {
+cudaError_t LaunchInstance(const Params& params, const void* x, const void* lora_down, int64_t row_blocks,
+                           cudaStream_t stream) {
   using Cfg = TileConfig<kBlockRows, kRankCap>;
   constexpr auto kKernel = ActQuantKernel<T, kFormat, kBlockRows, kRankCap>;
   static std::atomic<bool> configured[kMaxDevices] = {};
@@ -868,21 +879,34 @@ cudaError_t LaunchInstance(const Params& params, const void* x, int64_t row_bloc
                            CU_TENSOR_MAP_SWIZZLE_128B)) {
     return cudaErrorInvalidValue;
   }
+  // L_down as (rank, K): a box of (kSlabRanks, 128) is one slab of a chunk's tile (ranks past `rank` read as
+  // zeros). Without a low-rank branch the map stays unused.
+  CUtensorMap tm_lora = {};
+  if constexpr (kRankCap > 0) {
+    using Lora = typename Cfg::Lora;
+    const uint64_t rank = static_cast<uint64_t>(params.rank);
+    if (!tma::EncodeTiled<2>(&tm_lora, CU_TENSOR_MAP_DATA_TYPE_UINT16, lora_down, {rank, k}, {rank * 2},
+                             {Lora::kSlabRanks, kChunkK},
+                             Lora::kSlabRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B)) {
+      return cudaErrorInvalidValue;
+    }
+  }
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(params.k_splits), 1);
-  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_x, params);
+  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(tm_x, tm_lora, params);
   return cudaGetLastError();
 }
 
 // The instance of the launch plan's row block and rank bucket.
 template <class T, ActFormat kFormat>
-cudaError_t LaunchPlanned(const Params& params, const void* x, const ActQuantLaunch& launch, cudaStream_t stream) {
+cudaError_t LaunchPlanned(const Params& params, const void* x, const void* lora_down, const ActQuantLaunch& launch,
+                          cudaStream_t stream) {
   auto for_rows = [&](auto block_rows) {
     constexpr int kBlockRows = decltype(block_rows)::value;
     switch (launch.shape.rank_cap) {
-      case 0: return LaunchInstance<T, kFormat, kBlockRows, 0>(params, x, launch.row_blocks, stream);
-      case 32: return LaunchInstance<T, kFormat, kBlockRows, 32>(params, x, launch.row_blocks, stream);
-      case 128: return LaunchInstance<T, kFormat, kBlockRows, 128>(params, x, launch.row_blocks, stream);
-      default: return LaunchInstance<T, kFormat, kBlockRows, 256>(params, x, launch.row_blocks, stream);
+      case 0: return LaunchInstance<T, kFormat, kBlockRows, 0>(params, x, lora_down, launch.row_blocks, stream);
+      case 32: return LaunchInstance<T, kFormat, kBlockRows, 32>(params, x, lora_down, launch.row_blocks, stream);
+      case 128: return LaunchInstance<T, kFormat, kBlockRows, 128>(params, x, lora_down, launch.row_blocks, stream);
+      default: return LaunchInstance<T, kFormat, kBlockRows, 256>(params, x, lora_down, launch.row_blocks, stream);
     }
   };
   return launch.shape.block_rows == 64 ? for_rows(std::integral_constant<int, 64>{})
@@ -908,7 +932,6 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   }
   Params params = {};
   params.smooth = args.smooth;
-  params.lora_down = static_cast<const uint8_t*>(args.lora_down);
   params.q = static_cast<uint8_t*>(args.q);
   params.scales = static_cast<uint8_t*>(args.scales);
   params.la = args.la;
@@ -922,8 +945,8 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   }
   auto dispatch = [&](auto format) {
     constexpr ActFormat kFormat = decltype(format)::value;
-    return args.dtype == HalfType::kBf16 ? LaunchPlanned<__nv_bfloat16, kFormat>(params, args.x, launch, stream)
-                                         : LaunchPlanned<__half, kFormat>(params, args.x, launch, stream);
+    return args.dtype == HalfType::kBf16 ? LaunchPlanned<__nv_bfloat16, kFormat>(params, args.x, args.lora_down, launch, stream)
+                                         : LaunchPlanned<__half, kFormat>(params, args.x, args.lora_down, launch, stream);
   };
   switch (args.format) {
     case ActFormat::kInt4:
