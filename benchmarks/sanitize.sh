@@ -23,7 +23,7 @@ mkdir -p "$logs"
 
 # test file : pytest -k expression (one process each)
 CASE_GROUPS=(
-  "act_quant:(test_matches_reference and K3072 and (M1- or M7- or M333-)) or test_k_multiple_of_64 or test_split_counters_are_rearmed"
+  "act_quant:(test_matches_reference and K3072 and (M1- or M7- or M333-)) or test_k_multiple_of_64 or test_split_counters_are_rearmed or (test_rank_buckets and 333 and int4)"
   "w4a16_gemm:test_narrow_ctas"
   "w4a16_gemm:test_every_token_tile"
   "w4a16_gemm:test_rows_not_a_multiple or test_leading_dims_and_small_split_k"
