@@ -149,8 +149,8 @@ struct TileConfig {
   static constexpr int kPairsPerWarp = (kRankCap / 16 + kColGroups - 1) / kColGroups;
   static constexpr int kAccumulatorsPerThread = kPairsPerWarp * 2 * 4;
   using Lora = LoraLayout<kRankCap>;
-  // Shared memory, from the 1 KB-aligned base: the X ring, the lambda ring (each stage the NEXT chunk's 128
-  // lambdas), the L_down ring, the column table (double buffered: a chunk's lambdas and their division
+  // Shared memory, from the 1 KB-aligned base: the X ring, the L_down ring, the lambda ring (each stage the
+  // NEXT chunk's 128 lambdas), the column table (double buffered: a chunk's lambdas and their division
   // reciprocals, NaN where lambda is outside the fast path's domain, built one chunk ahead), the full
   // mbarriers; kSmemBytes adds the slack that aligns the base.
   static constexpr int kXTileBytes = static_cast<int>(kPlan.x_tile_bytes);
@@ -746,7 +746,8 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
           for (int rh = 0; rh < 2; ++rh) {
             const int r = row_tile * 16 + g + rh * 8;
             if (r < own_rows) {
-              *reinterpret_cast<float2*>(own + r * rank + col) = make_float2(acc[pp][half][2 * rh], acc[pp][half][2 * rh + 1]);
+              *reinterpret_cast<float2*>(own + r * rank + col) =
+                  make_float2(acc[pp][half][2 * rh], acc[pp][half][2 * rh + 1]);
             }
           }
         }
@@ -945,8 +946,9 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   }
   auto dispatch = [&](auto format) {
     constexpr ActFormat kFormat = decltype(format)::value;
-    return args.dtype == HalfType::kBf16 ? LaunchPlanned<__nv_bfloat16, kFormat>(params, args.x, args.lora_down, launch, stream)
-                                         : LaunchPlanned<__half, kFormat>(params, args.x, args.lora_down, launch, stream);
+    return args.dtype == HalfType::kBf16
+               ? LaunchPlanned<__nv_bfloat16, kFormat>(params, args.x, args.lora_down, launch, stream)
+               : LaunchPlanned<__half, kFormat>(params, args.x, args.lora_down, launch, stream);
   };
   switch (args.format) {
     case ActFormat::kInt4:
