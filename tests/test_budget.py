@@ -199,12 +199,13 @@ def test_act_quant_plans_add_up():
         assert p.x_tile_bytes == p.block_rows * chunk * 2
         assert p.lambda_bytes == chunk * 4
         assert p.lora_tile_bytes == (0 if p.rank_cap == 0 else chunk * p.lora_row_pitch)
-        assert p.lora_row_pitch == p.rank_cap * 2  # pieces XOR-swizzled, no pad
+        assert p.lora_row_pitch == p.rank_cap * 2  # TMA-swizzled slabs, no pad
         assert p.stage_bytes == p.x_tile_bytes + p.lambda_bytes + p.lora_tile_bytes
         assert p.ring_bytes == p.stages * p.stage_bytes
         assert p.column_table_bytes == 2 * 2 * chunk * 4
         assert p.barrier_bytes == p.stages * 8  # a full mbarrier per stage
         assert p.x_tile_bytes % 1024 == 0  # the X ring's tiles keep the 128-byte swizzle's 1 KB atoms
+        assert p.lora_tile_bytes % 1024 == 0  # so do the L_down ring's slabs, which follow the X ring
         assert p.total_bytes == p.ring_bytes + p.column_table_bytes + p.barrier_bytes + 1024  # + base alignment
         assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
 

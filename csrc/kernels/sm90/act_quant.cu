@@ -773,10 +773,12 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
     if (tid == 0 && s < num_local_chunks) issue_chunk(s, chunk_begin + s);
   }
-  if (builds_first_table) {
-    StShared32f(table(0) + TableIndex(tid) * 4, first_lambda);
-    StShared32f(table(0) + (kChunkK + TableIndex(tid)) * 4, TableReciprocal(first_lambda));
-  }
+  // Column tid of a chunk's table: its lambda and the lambda's division reciprocal.
+  auto write_table_column = [&](uint32_t chunk_table, float lambda) {
+    StShared32f(chunk_table + TableIndex(tid) * 4, lambda);
+    StShared32f(chunk_table + (kChunkK + TableIndex(tid)) * 4, TableReciprocal(lambda));
+  };
+  if (builds_first_table) write_table_column(table(0), first_lambda);
   uint32_t earlier_arrivals = num_local_chunks == 0 ? publish_la() : 0;
   uint32_t full_phase = 0;  // parity of the slot's full barrier for chunk i (flips when the slot wraps)
   for (int i = 0, slot = 0; i < num_local_chunks; ++i) {
@@ -785,9 +787,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
     __syncthreads();  // chunk i and table i visible to all; everyone is done with chunk i - 1's slot
     if (tid < kChunkK) {  // table i + 1 from the lambdas staged with chunk i (0 where none were)
       const bool staged = chunk + 1 < chunk_end && (chunk + 1) * kChunkK + tid < p.k;
-      const float lambda = staged ? LdShared32f(lambdas(slot) + tid * 4) : 0.0f;
-      StShared32f(table(i + 1) + TableIndex(tid) * 4, lambda);
-      StShared32f(table(i + 1) + (kChunkK + TableIndex(tid)) * 4, TableReciprocal(lambda));
+      write_table_column(table(i + 1), staged ? LdShared32f(lambdas(slot) + tid * 4) : 0.0f);
     }
     const int next = i + Cfg::kStages - 1;  // goes to chunk i - 1's slot
     if (tid == 0 && next < num_local_chunks) issue_chunk(slot == 0 ? Cfg::kStages - 1 : slot - 1, chunk_begin + next);

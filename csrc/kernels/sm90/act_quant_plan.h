@@ -9,8 +9,9 @@
 // to align the base.
 // The plan fixes the CTAs that must be resident on one SM (the occupancy the kernel is designed for: the
 // bandwidth comes from several small CTAs per SM, each hiding the others' barriers) and solves the deepest
-// ring that lets that many CTAs share the SM's 228 KB. The launch plan (PlanActQuantLaunch) picks the row block and the K
-// split from that occupancy, so the FFI lowering can size the split's workspace before any launch.
+// ring that lets that many CTAs share the SM's 228 KB. The launch plan (PlanActQuantLaunch) picks the row
+// block and the K split from that occupancy, so the FFI lowering can size the split's workspace before any
+// launch.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +45,8 @@ struct ActQuantPlan {
   int64_t stage_bytes;         // X tile + lambdas + L_down tile
   int64_t ring_bytes;
   int64_t column_table_bytes;  // two chunks of (lambda, reciprocal)
-  int64_t barrier_bytes;       // a full mbarrier per stage (the X tile's and lambdas' bytes)
-  int64_t total_bytes;         // dynamic shared memory per CTA, with the 1 KB that aligns the X ring
+  int64_t barrier_bytes;       // a full mbarrier per stage (the X tile's, L_down tile's and lambdas' bytes)
+  int64_t total_bytes;         // dynamic shared memory per CTA, with the 1 KB that aligns the X and L_down rings
   constexpr int64_t per_sm_bytes() const { return ctas_per_sm * (total_bytes + budget::kSmemReservedPerCtaSm90); }
   // The register cap __launch_bounds__(threads, ctas_per_sm) gives ptxas.
   constexpr int max_registers() const { return budget::LaunchRegisters(threads, ctas_per_sm); }
