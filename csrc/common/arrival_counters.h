@@ -35,29 +35,27 @@ inline constexpr int64_t kArrivalCounters = 4096;
 static __device__ uint32_t g_arrival_counters[kArrivalCounters];
 
 // ArriveLast in two halves, so that a CTA can go on working between its arrival and the answer. ArriveBegin:
-// called by every thread after its share of the result is stored; thread 0 publishes the CTA's stores and
-// arrives (its fence waits for them, the other warps do not). ArriveEnd(what ArriveBegin returned): called by
-// every thread later; true in every thread of the CTA that arrived last of `arrivals` at `counter` (and then
-// sees every other CTA's stores). That CTA re-arms the counter; no other CTA of the launch touches it again.
+// called by every thread after its share of the result is stored; thread 0 arrives with one acq_rel atomic
+// (release: the CTA's stores, ordered before it by bar.sync, are visible to whoever acquires the counter;
+// acquire: if it arrives last it sees every other CTA's stores), and the other warps do not wait for it.
+// ArriveEnd(what ArriveBegin returned): called by every thread later; true in every thread of the CTA that
+// arrived last of `arrivals` at `counter` (bar.sync carries thread 0's acquire to the CTA's other threads,
+// as in CUTLASS's semaphores). That CTA re-arms the counter; no other CTA of the launch touches it again.
+// No separate fences: __threadfence() is fence.sc.gpu (MEMBAR.SC.GPU, the strongest and slowest), and the
+// last CTA's every thread ran one more; the atomic's acq_rel is one MEMBAR.ALL.GPU in thread 0.
 __device__ __forceinline__ uint32_t ArriveBegin(uint32_t* counter) {
-  // bar.sync orders every thread's stores before thread 0's fence (one fence per CTA, not one per thread).
   __syncthreads();
   uint32_t earlier_arrivals = 0;
-  if (threadIdx.x == 0) {
-    __threadfence();
-    earlier_arrivals = atomicAdd(counter, 1u);  // read only in ArriveEnd: the warp does not wait for it here
+  if (threadIdx.x == 0) {  // read only in ArriveEnd: the warp does not wait for it here
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(earlier_arrivals) : "l"(counter) : "memory");
   }
   return earlier_arrivals;
 }
-
 __device__ __forceinline__ bool ArriveEnd(uint32_t* counter, uint32_t arrivals, uint32_t earlier_arrivals) {
   const bool last = threadIdx.x == 0 && earlier_arrivals == arrivals - 1;
   if (last) atomicExch(counter, 0u);
-  if (!__syncthreads_or(last)) return false;
-  __threadfence();
-  return true;
+  return __syncthreads_or(last);
 }
-
 // Both halves at once: the CTA has nothing to do in between.
 __device__ __forceinline__ bool ArriveLast(uint32_t* counter, uint32_t arrivals) {
   return ArriveEnd(counter, arrivals, ArriveBegin(counter));

@@ -724,9 +724,10 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
 
   // This CTA's sum over its chunks: LA itself, or with a K split its partial in the workspace (whole rows:
   // the reduction reads them as float4s), then the arrival at the row block's counter (one per row block).
-  // Called once the last chunk's low-rank MMAs are done, before that chunk is quantized: thread 0's fence
-  // waits for the CTA's stores while the other warps quantize (at the CTA's end it idled all of them: 7% of
-  // the stall samples at M = 4096, K = 12288, session 22). Returns ArriveBegin's result for ArriveEnd.
+  // Called once the last chunk's low-rank MMAs are done, before that chunk is quantized: thread 0's release
+  // (the arrival's acq_rel atomic) waits for the CTA's stores while the other warps quantize (at the CTA's end
+  // it idled all of them: 7% of the stall samples at M = 4096, K = 12288, session 22). Returns ArriveBegin's
+  // result for ArriveEnd.
   auto publish_la = [&]() -> uint32_t {
     if constexpr (kRankCap > 0) {
       const bool split_k = p.k_splits > 1;

@@ -191,7 +191,7 @@ constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4)) * 128; }
 
 // Narrow or wide: the planner's time model (us), fit to measurements on the H200 (JAX-level). A wide launch
-// streams all the weights at kWideBytesPerUs and pays kSplitUs when it splits K (the partials' stores, fence,
+// streams all the weights at kWideBytesPerUs and pays kSplitUs when it splits K (the partials' stores, release,
 // arrival and the last CTA's loads); a narrow CTA streams its 64 rows' weights and its M x K of X (L2 hits,
 // counted at kNarrowXByteWeight of a weight byte) at kNarrowBytesPerUsPerSm, and a narrow launch pays
 // kNarrowUs plus kNarrowUsPerCta a CTA more than an unsplit wide one; a narrow grid must fit one wave.

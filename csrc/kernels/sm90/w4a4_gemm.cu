@@ -502,7 +502,7 @@ __device__ __forceinline__ void NamedBarrierSync(uint32_t id, uint32_t threads) 
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Stream-K flags: GPU-scope release/acquire (the partial's stores, fenced, happen before the flag).
+// Stream-K flags: GPU-scope release/acquire (the partial's stores, ordered by a barrier, happen before the flag).
 __device__ __forceinline__ void StoreRelease(uint32_t* flag, uint32_t value) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 }
@@ -1230,7 +1230,8 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
           slot[partial_offset(sl, i)] = make_float4(acc[sl][i], acc[sl][i + 1], acc[sl][i + 2], acc[sl][i + 3]);
         }
       }
-      __threadfence();
+      // The named barrier orders the warpgroup's stores before thread 0's release (cumulative): no
+      // per-thread fence (__threadfence() is fence.sc.gpu in every thread).
       NamedBarrierSync(1 + wg, kConsumerThreads);
       if (tid == 0) StoreRelease(g_arrival_counters + 2 * blockIdx.x + wg, 1u);
       continue;
