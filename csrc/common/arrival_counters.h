@@ -41,21 +41,24 @@ static __device__ uint32_t g_arrival_counters[kArrivalCounters];
 // ArriveEnd(what ArriveBegin returned): called by every thread later; true in every thread of the CTA that
 // arrived last of `arrivals` at `counter` (bar.sync carries thread 0's acquire to the CTA's other threads,
 // as in CUTLASS's semaphores). That CTA re-arms the counter; no other CTA of the launch touches it again.
-// No separate fences: __threadfence() is fence.sc.gpu (MEMBAR.SC.GPU, the strongest and slowest), and the
-// last CTA's every thread ran one more; the atomic's acq_rel is one MEMBAR.ALL.GPU in thread 0.
+// No separate fences: __threadfence() is fence.sc.gpu (MEMBAR.SC.GPU), which thread 0 ran before its atomic and
+// every thread of the last CTA after it; the acq_rel atomic is one MEMBAR.ALL.GPU in thread 0 (session 23:
+// 0.1-0.9 us less per split call in act_quant, w4a16 and W4A4's stream-K; benchmarks/NOTES.md).
 __device__ __forceinline__ uint32_t ArriveBegin(uint32_t* counter) {
   __syncthreads();
   uint32_t earlier_arrivals = 0;
-  if (threadIdx.x == 0) {  // read only in ArriveEnd: the warp does not wait for it here
+  if (threadIdx.x == 0) {  // the result is read only in ArriveEnd
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(earlier_arrivals) : "l"(counter) : "memory");
   }
   return earlier_arrivals;
 }
+
 __device__ __forceinline__ bool ArriveEnd(uint32_t* counter, uint32_t arrivals, uint32_t earlier_arrivals) {
   const bool last = threadIdx.x == 0 && earlier_arrivals == arrivals - 1;
   if (last) atomicExch(counter, 0u);
   return __syncthreads_or(last);
 }
+
 // Both halves at once: the CTA has nothing to do in between.
 __device__ __forceinline__ bool ArriveLast(uint32_t* counter, uint32_t arrivals) {
   return ArriveEnd(counter, arrivals, ArriveBegin(counter));
