@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/ptx.h"
 #include "common/smem_budget.h"
 
 namespace jax_w4a4::tma {
@@ -45,8 +46,7 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
 // The first kSwizzledAlign-aligned shared address at or after the dynamic shared memory `smem`: the base
 // of a kernel whose 128-byte-swizzled TMA destinations need 1 KB alignment (its plan allocates the slack).
 __device__ __forceinline__ uint32_t SwizzledSharedBase(const void* smem) {
-  return (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + budget::kSwizzledAlign - 1) &
-         ~uint32_t{budget::kSwizzledAlign - 1};
+  return (ptx::SharedAddress(smem) + budget::kSwizzledAlign - 1) & ~uint32_t{budget::kSwizzledAlign - 1};
 }
 
 __device__ __forceinline__ uint64_t MapAddr(const CUtensorMap& map) { return reinterpret_cast<uint64_t>(&map); }
