@@ -27,11 +27,12 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   export XLA_FLAGS="${TEST_XLA_FLAGS---xla_gpu_enable_command_buffer=} --xla_gpu_autotune_level=0"
   for test_file in ${TEST_FILES:-tests/gpu/test_*.py}; do
     name=$(basename "$test_file" .py)
+    start=$SECONDS
     timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu "$test_file" --maxfail=4 -p no:cacheprovider -rf \
       ${1:+-k "$1"} > "$logs/$name.log" 2>&1
     code=$?
     [ $code -eq 0 ] || status=$code
-    echo "== $name (exit $code)"; grep -E "^(FAILED|ERROR)|passed|failed|^E  .{0,200}$" "$logs/$name.log" | head -12
+    echo "== $name (exit $code, $((SECONDS - start)) s)"; grep -E "^(FAILED|ERROR)|passed|failed|^E  .{0,200}$" "$logs/$name.log" | head -12
   done
 fi
 shift || true
@@ -42,8 +43,10 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   for bench in ${@:-act_quant w4a4 w4a16}; do
     args=""  # "name:args" passes arguments, e.g. w4a4:--only=decode
     [[ $bench == *:* ]] && args=${bench#*:} && bench=${bench%%:*}
+    start=$SECONDS
     timeout "${BENCH_TIMEOUT:-200}" python3 "benchmarks/bench_${bench}.py" $args > "$logs/bench_${bench}.log" 2>&1
-    echo "== bench_${bench} (exit $?)"; grep -v "^WARNING\|^I0000\|^W0000" "$logs/bench_${bench}.log" | tail -40
+    echo "== bench_${bench} (exit $?, $((SECONDS - start)) s)"; grep -v "^WARNING\|^I0000\|^W0000" "$logs/bench_${bench}.log" | tail -40
   done
 fi
+echo "== gpu_check.sh: $SECONDS s in all (target: under 480)"
 exit "$status"
