@@ -234,11 +234,12 @@ class W4a16Plan:
     ``tiles_per_warp`` tiles; narrow: one warp's), the X tile of each atom (128-byte swizzled rows, the wgmma
     B operand) and the scales and zero points of the stage's groups (up to two an atom), one TMA box each,
     with a full and an empty mbarrier; fixed: 1 KB of slack that aligns the base to the swizzle atom;
-    ``ctas_per_sm`` CTAs designed to share an SM. Narrow plans (the mma.sync token tiles): one CTA per SM
+    ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see ``W4A16_FORMS``): "wide"; "whole", one CTA
+    per SM of up to 16 row warps (the one-token tile); "narrow" (the mma.sync token tiles), one CTA per SM
     whose k-lanes share one warp's rows, fed by a producer warp."""
 
     m_tiles: int
-    narrow: bool
+    form: str
     block_m: int
     ctas_per_sm: int
     max_warps: int
@@ -258,23 +259,29 @@ class W4a16Plan:
 
 
 _W4A16_FIELDS = 16
+W4A16_FORMS = ("wide", "whole", "narrow")  # W4a16Form in csrc/kernels/sm90/w4a16_gemm_plan.h, in its order
 
 
 @dataclasses.dataclass(frozen=True)
 class W4a16Launch:
     """The launch plan of one w4a16 GEMM (PlanW4a16Launch): ``m_blocks`` x ``n_tiles`` x ``splits`` CTAs of
-    ``threads`` threads; wide CTAs own ``warps`` warps' rows, narrow ones one warp's rows shared by
-    ``k_lanes`` warps, each computing runs of ``lane_atoms`` 64-wide atoms of K (wide: 1)."""
+    ``threads`` threads, of plan ``form`` (``w4a16_plan(m_tiles, form=form)``); wide and whole-SM CTAs own
+    ``warps`` warps' rows, narrow ones one warp's rows shared by ``k_lanes`` warps, each computing runs of
+    ``lane_atoms`` 64-wide atoms of K (wide, whole: 1)."""
 
     m_tiles: int
     m_blocks: int
     warps: int
     n_tiles: int
     splits: int
-    narrow: bool
+    form: str
     k_lanes: int
     lane_atoms: int
     threads: int
+
+    @property
+    def narrow(self) -> bool:
+        return self.form == "narrow"
 
 
 def w4a16_m_tiles() -> list[int]:
@@ -284,13 +291,16 @@ def w4a16_m_tiles() -> list[int]:
     return [int(out[i]) for i in range(n)]
 
 
-def w4a16_plan(m_tiles: int, *, narrow: bool = False) -> W4a16Plan:
-    """The solved shared-memory / occupancy plan of the sm90 w4a16 GEMM for one token tile (narrow: the
-    narrow CTAs', which only the mma.sync tiles, m_tiles <= 2, have)."""
+def w4a16_plan(m_tiles: int, *, form: str = "wide") -> W4a16Plan:
+    """The solved shared-memory / occupancy plan of the sm90 w4a16 GEMM for one token tile and ``form``
+    (``W4A16_FORMS``; the kernel instantiates "narrow" for the mma.sync tiles, m_tiles <= 2, and "whole" for
+    m_tiles == 1)."""
+    if form not in W4A16_FORMS:
+        raise ValueError(f"form must be one of {W4A16_FORMS}, got {form!r}")
     out = (ctypes.c_int64 * _W4A16_FIELDS)()
-    _load().JaxW4a4W4a16Plan(m_tiles, int(narrow), out)
+    _load().JaxW4a4W4a16Plan(m_tiles, W4A16_FORMS.index(form), out)
     values = [int(v) for v in out]
-    return W4a16Plan(m_tiles, narrow, *values[:-1], bool(values[-1]))
+    return W4a16Plan(m_tiles, form, *values[:-1], bool(values[-1]))
 
 
 def w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> W4a16Launch | None:
@@ -301,7 +311,7 @@ def w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, nu
     values = [int(v) for v in out]
     if values[0] < 0:
         return None
-    return W4a16Launch(*values[:5], bool(values[5]), *values[6:])
+    return W4a16Launch(*values[:5], W4A16_FORMS[values[5]], *values[6:])
 
 
 def w4a16_workspace_bytes(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> int:

@@ -316,7 +316,7 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
     # fill the registers.
     assert [p.tiles_per_warp for p in plans] == [4, 4, 2, 2]
     for p in plans:
-        assert not p.narrow and p.stage_atoms == 1 and p.max_warps == 8
+        assert p.form == "wide" and p.stage_atoms == 1 and p.max_warps == 8
         assert p.block_rows == 8 * p.tiles_per_warp * 16
         _check_w4a16_plan(p, max_stages=16)
     assert [p.ctas_per_sm for p in plans] == [2, 2, 1, 1]
@@ -326,16 +326,29 @@ def test_w4a16_narrow_plans_add_up_fit_and_are_tight():
     """Narrow CTAs (8 and 16 tokens): one per SM, one warp's 64 rows, stages of 4 atoms (8 KB of weights: one
     TMA box), up to 8 k-lanes and a producer warp."""
     for m_tiles in (1, 2):
-        p = budget.w4a16_plan(m_tiles, narrow=True)
-        assert p.narrow and p.ctas_per_sm == 1 and p.stage_atoms == 4 and p.max_warps == 8 + 1
+        p = budget.w4a16_plan(m_tiles, form="narrow")
+        assert p.form == "narrow" and p.ctas_per_sm == 1 and p.stage_atoms == 4 and p.max_warps == 8 + 1
         assert p.block_rows == 64 and p.stage_weight_bytes == 8192
         _check_w4a16_plan(p, max_stages=32)
-    assert [budget.w4a16_plan(m, narrow=True).stages for m in (1, 2)] == [16, 12]
+    assert [budget.w4a16_plan(m, form="narrow").stages for m in (1, 2)] == [16, 12]
+
+
+def test_w4a16_whole_sm_plan_adds_up_fits_and_is_tight():
+    """Whole-SM CTAs (the one-token tile): one CTA per SM with the warps of a wide pair (16 x 4 m16 tiles),
+    its ring of 1-atom stages as deep as the SM's shared memory allows; the same per SM as two wide CTAs."""
+    p = budget.w4a16_plan(1, form="whole")
+    assert p.form == "whole" and p.ctas_per_sm == 1 and p.max_warps == 16 and p.stage_atoms == 1
+    assert p.block_rows == 16 * 4 * 16 and p.stage_weight_bytes == 2 * budget.w4a16_plan(1).stage_weight_bytes
+    _check_w4a16_plan(p, max_stages=16)
+    assert p.stages == budget.w4a16_plan(1).stages == 5
+    with pytest.raises(ValueError, match="form must be one of"):
+        budget.w4a16_plan(1, form="paired")
 
 
 def test_table_lists_w4a16_plans():
-    assert budget.table().count("w4a16_gemm sm90:") == 4 + 2
-    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 2
+    assert budget.table().count("w4a16_gemm sm90:") == 4 + 1 + 2
+    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 3
+    assert budget.table().count(", whole-SM ") == 1
 
 
 def test_w4a16_narrow_ctas_serve_small_layers():
@@ -347,7 +360,7 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)
     assert (small.narrow, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == (True, 9, 1, 1, 6, 7 * 32)
-    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 24, 1, True, 3, 2, 4 * 32)  # 9 atoms: 3 stages
+    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 24, 1, "narrow", 3, 2, 4 * 32)  # 9 atoms: 3 stages
     assert plan(1, 1024, 1024).k_lanes == 4 and plan(1, 384, 4096) is not None
     assert plan(1, 4096, 1024).narrow and not plan(1, 8192, 1024).narrow  # ~0.03 us a narrow CTA: 64 vs 128 CTAs
     one_wave = functools.partial(budget.w4a16_launch, 1, 1024, 1024, 64, act_order=False)  # 16 row tiles
@@ -389,17 +402,40 @@ def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
         (1, 16384, 3072): (4, 64, 4),    # was 6 (8) x 43 x 6; 8 x 32 x 8 at 40 %: 12.8-13.0 -> 11.7 us
         (1, 11008, 11008): (4, 43, 6),   # was 6 (8) x 29 x 9; 7 (8) x 25 x 10 at 40 %: 24.3-24.4 -> 22.8-22.9 us
     }
-    # An idle warp still wins a tie on CTAs: 1 x 28672 x 8192 keeps 256 CTAs of 7 warps (224 of 8 took
-    # 37.4-37.7 -> 38.4-39.0 us).
-    assert grid(1, 28672, 8192) == (7, 64, 4)
+    # An idle warp still wins a tie on CTAs: 16 x 28672 x 8192 keeps 256 CTAs of 7 warps (224 of 8 took
+    # 37.4-37.7 -> 38.4-39.0 us at one token, before whole-SM CTAs).
+    assert grid(16, 28672, 8192) == (7, 64, 4)
+
+
+def test_w4a16_whole_sm_ctas_take_long_splits_at_one_token_tile():
+    """Up to 8 tokens a layer whose splits stream at least 32 atoms, on a grid that leaves at most 1/16 of
+    the SMs idle, runs one CTA per SM of up to 16 row warps instead of a wide pair (w4a16_gemm_plan.h:
+    kWholeMinAtomsPerSplit, measured in session 25); shorter splits, more tokens and narrow layers do not."""
+    def launch(m, n, k, num_sms=132):
+        p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=num_sms)
+        return p.form, p.warps, p.n_tiles, p.splits
+
+    assert launch(1, 28672, 8192) == ("whole", 14, 32, 4)  # 128 CTAs of 896 rows, splits of 32 atoms
+    assert launch(8, 28672, 8192) == ("whole", 14, 32, 4)
+    assert launch(1, 16384, 12288) == ("whole", 12, 22, 6)  # 132 CTAs
+    assert launch(9, 28672, 8192)[0] == "wide"  # two token tiles (measured: no gain at 16 tokens)
+    assert launch(1, 14336, 4096)[0] == "wide"  # 8 splits of 8 atoms (measured: a loss)
+    assert launch(1, 8192, 28672)[0] == "narrow"
+    assert launch(4, 8192, 8192)[0] == "wide"   # 6 splits of 21 atoms at best (measured: a loss)
+    assert launch(1, 28672, 8192, num_sms=114) == ("whole", 12, 38, 3)  # an H100 PCIe: 114 CTAs
+    # The idle-SM bound: 18432 rows make 32 tiles of 9 warps in 4 splits, 128 CTAs.
+    assert launch(1, 18432, 8192) == ("whole", 9, 32, 4)
+    assert launch(1, 18432, 8192, num_sms=140)[0] == "wide"  # 32 tiles x 4 splits leave 12 of 140 SMs idle
+    # Whole-SM CTAs need no workspace beyond the wide pair's partials: the same rows per SM, the same splits.
+    assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 14 * 4 * 32
 
 
 def test_w4a16_workspace_follows_the_launch_plan():
     """The workspace the lowering allocates is the launcher's: split-K fragment-order partials (16 B per
     lane, m16 tile and token tile, per split), then the act-order gather of X (bf16), each 256-byte
     aligned. The split-K arrival counters are not workspace (csrc/common/arrival_counters.h)."""
-    # 1 x 28672 x 8192 on 132 SMs: 7 warps x 4 tiles = 448 rows -> 64 column tiles, 2 CTAs/SM -> 4 splits.
-    partials = 16 * 64 * 4 * 7 * 4 * 1 * 32
+    # 1 x 28672 x 8192 on 132 SMs (whole-SM CTAs): 14 warps x 4 tiles = 896 rows -> 32 column tiles -> 4 splits.
+    partials = 16 * 32 * 4 * 14 * 4 * 1 * 32
     assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=132) == partials
     gather = 2 * 1 * 8192
     assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=True, num_sms=132) == partials + gather
@@ -413,13 +449,14 @@ def test_w4a16_workspace_follows_the_launch_plan():
     assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32
     # Up to 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplits). 8192² (128
     # atoms): 32 column tiles of 4 warps x 4 m16 tiles in 8 splits, not 16 tiles of 8 warps in 16;
-    # 8192 x 28672 (448 atoms): 16 tiles of 8 warps in 16 splits of 28 atoms. At one token both run narrow:
-    # no partials.
+    # 8192 x 28672 (448 atoms) at 16 tokens: 16 tiles of 8 warps in 16 splits of 28 atoms; at 8 whole-SM CTAs,
+    # 11 tiles of 12 warps in 12 splits of 37 atoms. At one token both run narrow: no partials.
     for m, m_tiles in ((8, 1), (16, 2)):
         square = budget.w4a16_workspace_bytes(m, 8192, 8192, 128, act_order=False, num_sms=132)
         assert square == 16 * 32 * 8 * 4 * 4 * m_tiles * 32
-        long_k = budget.w4a16_workspace_bytes(m, 8192, 28672, 128, act_order=False, num_sms=132)
-        assert long_k == 16 * 16 * 16 * 8 * 4 * m_tiles * 32
+    long_k = functools.partial(budget.w4a16_workspace_bytes, n=8192, k=28672, group_size=128, act_order=False, num_sms=132)
+    assert long_k(16) == 16 * 16 * 16 * 8 * 4 * 2 * 32
+    assert long_k(8) == 16 * 11 * 12 * 12 * 4 * 1 * 32
     for n, k in ((8192, 8192), (8192, 28672)):
         assert budget.w4a16_workspace_bytes(1, n, k, 128, act_order=False, num_sms=132) == 0
     assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32

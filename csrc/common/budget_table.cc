@@ -75,13 +75,22 @@ std::string DescribeActQuant(const ActQuantPlan& p) {
   return line;
 }
 
+const char* W4a16FormName(jax_w4a4::sm90::w4a16::W4a16Form form) {
+  using jax_w4a4::sm90::w4a16::W4a16Form;
+  switch (form) {
+    case W4a16Form::kNarrow: return "narrow (k-lanes share the rows, a producer warp)";
+    case W4a16Form::kWhole: return "whole-SM (one CTA of a wide pair's warps)";
+    default: return "wide";
+  }
+}
+
 std::string DescribeW4a16(const W4a16Plan& p) {
   char line[448];
   std::snprintf(line, sizeof line,
                 "w4a16_gemm sm90: %d tokens per CTA, %s, %d CTAs/SM of <= %d warps, %d m16 tiles a warp (%d rows): "
                 "stage of %d atoms %d B (weights %d + X %d + scales and zeros %d) x %d stages = %d, barriers %d, "
                 "alignment slack %d; total %d B/CTA, %d of %d B/SM%s\n",
-                p.block_m, p.narrow ? "narrow (k-lanes share the rows, a producer warp)" : "wide", p.ctas_per_sm,
+                p.block_m, W4a16FormName(p.form), p.ctas_per_sm,
                 p.max_warps, p.tiles_per_warp, p.block_rows, p.stage_atoms, p.stage_bytes, p.stage_weight_bytes,
                 p.stage_x_bytes, p.stage_scale_bytes, p.stages,
                 p.ring_bytes, p.barrier_bytes, static_cast<int>(jax_w4a4::budget::kSwizzledAlign), p.total_bytes,
@@ -100,11 +109,12 @@ __attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
     for (const auto& shape : jax_w4a4::sm90::kW4A4Shapes) t += Describe(jax_w4a4::sm90::SolveW4A4Plan(shape)) + "\n";
     for (const auto& shape : jax_w4a4::sm90::kActQuantShapes) t += DescribeActQuant(jax_w4a4::sm90::SolveActQuantPlan(shape));
     t += "\n";
-    for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) t += DescribeW4a16(jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles));
-    for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) {
-      if (m_tiles <= jax_w4a4::sm90::w4a16::kMaxMmaSyncMTiles) {
-        t += DescribeW4a16(jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles, true));
-      }
+    namespace w4a16 = jax_w4a4::sm90::w4a16;
+    for (int m_tiles : w4a16::kMTileOptions) t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles));
+    t += DescribeW4a16(w4a16::SolveW4a16Plan(1, w4a16::W4a16Form::kWhole));
+    for (int m_tiles : w4a16::kMTileOptions) {
+      if (m_tiles > w4a16::kMaxMmaSyncMTiles) continue;
+      t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles, w4a16::W4a16Form::kNarrow));
     }
     return t;
   }();
@@ -173,18 +183,19 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
 }
 
 // The w4a16 plans: JaxW4a4W4a16MTiles writes the instantiated m_tiles options and returns their count;
-// JaxW4a4W4a16Plan writes one solved plan (wide or narrow): block_m, ctas_per_sm, max_warps, stage_atoms,
-// tiles_per_warp, block_rows, stages, stage_weight, stage_x, stage_scale, stage, ring, barriers, total, per_sm,
+// JaxW4a4W4a16Plan writes one solved plan (form: W4a16Form, 0 wide, 1 whole-SM, 2 narrow): block_m, ctas_per_sm,
+// max_warps, stage_atoms, tiles_per_warp, block_rows, stages, stage_weight, stage_x, stage_scale, stage, ring, barriers, total, per_sm,
 // fits (16 values); JaxW4a4W4a16Launch writes the launch plan of one problem (-1s: not served): m_tiles,
-// m_blocks, warps, n_tiles, splits, narrow, k_lanes, lane_atoms, threads (9 values).
+// m_blocks, warps, n_tiles, splits, form, k_lanes, lane_atoms, threads (9 values).
 __attribute__((visibility("default"))) int JaxW4a4W4a16MTiles(int64_t* out) {
   int n = 0;
   for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) out[n++] = m_tiles;
   return n;
 }
 
-__attribute__((visibility("default"))) void JaxW4a4W4a16Plan(int m_tiles, int narrow, int64_t* out) {
-  const W4a16Plan p = jax_w4a4::sm90::w4a16::SolveW4a16Plan(m_tiles, narrow != 0);
+__attribute__((visibility("default"))) void JaxW4a4W4a16Plan(int m_tiles, int form, int64_t* out) {
+  namespace w4a16 = jax_w4a4::sm90::w4a16;
+  const W4a16Plan p = w4a16::SolveW4a16Plan(m_tiles, static_cast<w4a16::W4a16Form>(form));
   const int64_t values[] = {p.block_m,    p.ctas_per_sm, p.max_warps, p.stage_atoms, p.tiles_per_warp, p.block_rows,
                             p.stages,     p.stage_weight_bytes,
                             p.stage_x_bytes, p.stage_scale_bytes, p.stage_bytes, p.ring_bytes, p.barrier_bytes,
@@ -201,8 +212,8 @@ __attribute__((visibility("default"))) void JaxW4a4W4a16Launch(int64_t m, int64_
     return;
   }
   const w4a16::W4a16Launch l = w4a16::PlanW4a16Launch(problem, num_sms);
-  const int64_t values[] = {l.m_tiles, l.m_blocks, l.warps, l.n_tiles, l.splits, l.narrow ? 1 : 0, l.k_lanes,
-                            l.lane_atoms, w4a16::W4a16LaunchThreads(l)};
+  const int64_t values[] = {l.m_tiles,  l.m_blocks,   l.warps,      l.n_tiles, l.splits, static_cast<int64_t>(l.form),
+                            l.k_lanes, l.lane_atoms, w4a16::W4a16LaunchThreads(l)};
   for (int64_t v : values) *out++ = v;
 }
 

@@ -204,6 +204,20 @@ def test_narrow_ctas(m):
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, False, True)
 
 
+@pytest.mark.parametrize("m", [1, 8])
+def test_whole_sm_ctas(m):
+    """Whole-SM CTAs (one token tile, splits of >= 32 atoms: one CTA per SM of up to 16 row warps, 1024
+    rows): both zero-point modes, bf16 and fp16, act-order, and a last warp with one valid pair of m16 tiles
+    (N % 64 == 32). The decode shapes' 28672 x 8192 runs them too."""
+    for n, k, group_size, zero_point, dtype, act_order in (
+        (18432, 8192, 128, True, FP16, False),
+        (18400, 8192, 64, False, BF16, True),
+    ):
+        plan = budget.w4a16_launch(m, n, k, group_size, act_order=act_order, num_sms=_num_sms())
+        assert plan.form == "whole" and plan.warps > 8
+        run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, act_order, True)
+
+
 def test_mismatched_act_order_gives_nan_not_a_wrong_answer():
     n, k = 576, 1536
     _, packed, scales, zeros, g_idx, bias = weights(n, k, 64, False, BF16, True)

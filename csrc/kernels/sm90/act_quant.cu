@@ -728,10 +728,12 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   // (the arrival's acq_rel atomic) waits for the CTA's stores while the other warps quantize (at the CTA's end
   // it idled all of them: 7% of the stall samples at M = 4096, K = 12288, session 22). Returns ArriveBegin's
   // result for ArriveEnd.
+  // LA floats of a row block: LA's rows, or one K split's partial in the workspace.
+  auto la_block_floats = [&] { return int64_t{kBlockRows} * rank; };
   auto publish_la = [&]() -> uint32_t {
     if constexpr (kRankCap > 0) {
       const bool split_k = p.k_splits > 1;
-      const int64_t block_floats = int64_t{kBlockRows} * rank;
+      const int64_t block_floats = la_block_floats();
       float* const own = split_k ? p.la_partials + (int64_t{blockIdx.x} * p.k_splits + split) * block_floats
                                  : p.la + row0 * rank;
       const int own_rows = split_k ? kBlockRows : rows_left;
@@ -804,7 +806,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   // ---- epilogue: LA ----
   if constexpr (kRankCap > 0) {
     const bool split_k = p.k_splits > 1;
-    const int64_t block_floats = int64_t{kBlockRows} * rank;
+    const int64_t block_floats = la_block_floats();
     if (split_k) {
       if (!ArriveEnd(g_arrival_counters + blockIdx.x, p.k_splits, earlier_arrivals)) return;
       // kSplitsInFlight splits at a time, all their items' loads issued together (~16 float4 loads in

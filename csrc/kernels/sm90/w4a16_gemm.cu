@@ -41,6 +41,9 @@
 // 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to the workspace in MMA
 // fragment order; the last CTA of a tile to arrive (an arrival counter of common/arrival_counters.h, which
 // re-arms itself: no memset) sums them in split order — deterministic, no host sync, CUDA-graph safe.
+// Whole-SM CTAs (one token tile, long splits: the planner's rule in w4a16_gemm_plan.h): the same code with one
+// CTA per SM of up to 16 row warps, where a wide plan would put two CTAs of up to 8 (1 x 28672 x 8192: 128 CTAs
+// of 14 warps, not 256 of 7); the pair's warps share one ring and end together.
 // Narrow CTAs (up to 16 tokens, where the planner's time model in w4a16_gemm_plan.h picks them: small layers,
 // whose stream does not hide a split's ~3 us of round trips, and layers of up to 132 x 64 rows with long K
 // at a few tokens): one CTA per SM owns one warp's 64 rows and all of K. Roles: k-lanes (up to 8 warps, the
@@ -117,9 +120,10 @@ namespace {
 constexpr int kPerChannelShift = 30;              // k < 2^30: every atom is in group 0
 constexpr int kRawCodesMaxPromotionCols = 128;    // raw-code partials carry an offset: see Numerics
 
-template <int kMTiles, bool kNarrow>  // n8 tiles of tokens; narrow CTAs (w4a16_gemm_plan.h)
+template <int kMTiles, W4a16Form kForm>  // n8 tiles of tokens; how the CTAs hold an SM (w4a16_gemm_plan.h)
 struct Config {
-  static constexpr W4a16Plan kPlan = SolveW4a16Plan(kMTiles, kNarrow);
+  static constexpr bool kNarrow = kForm == W4a16Form::kNarrow;
+  static constexpr W4a16Plan kPlan = SolveW4a16Plan(kMTiles, kForm);
   static constexpr int kMaxThreads = kPlan.max_warps * 32;
   static constexpr int kCtasPerSm = kPlan.ctas_per_sm;
   static constexpr int kBlockM = kPlan.block_m;   // tokens per CTA
@@ -146,6 +150,7 @@ struct Config {
   static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kBlockM <= kMaxTokensPerBlock);
   static_assert(!kNarrow || kMTiles <= kMaxMmaSyncMTiles, "narrow CTAs run the mma.sync tiles");
+  static_assert(kForm != W4a16Form::kWhole || kMTiles == 1, "whole-SM CTAs run the one-token-tile kernel");
   static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
   static_assert(kStageScaleBytes == kStageZerosOffset + kStageGroups * kBlockRows * kZeroBytes);
   static_assert(kStageWeightBytes == kBlockRows / kAtomRows * kRowBlockBytes);
@@ -163,8 +168,9 @@ struct Config {
 
 // The operands come through tensor maps (LaunchTyped): the prepacked weights as (atoms x 64 u64, n / 16
 // row blocks), box (64, warps x tiles per warp); X (or its act-order gather) as (k, m), box (64, block_m),
-// 128-byte swizzle; the scales (groups, n) as (n / 2 u32, groups) and the zero points (groups, n) as
-// (n / 4 u32, groups), boxes of the CTA's rows and the atom's groups (kernel layout: w4a16_layout.py).
+// 128-byte swizzle; the scales (groups, n) as (n / 4 u64, groups) and the zero points (groups, n) as
+// (n / 4 u32, groups), boxes of the CTA's rows and the atom's groups (kernel layout: w4a16_layout.py). Four
+// scales an element: a box dimension holds at most 256 elements, and a whole-SM CTA has up to 1024 rows.
 struct KernelParams {
   const void* bias;          // (n,) or nullptr
   void* y;                   // (m, n)
@@ -337,12 +343,13 @@ __device__ __forceinline__ int GroupOfAtom(int atom, int group_shift) {
 // instructions). Session 13, same process: 1 x 28672 x 8192 39.1 -> 37.3-37.7 us, 16 tokens 49.4 -> 46.6.
 // kLaneAtoms (narrow): the atoms of a k-lane's runs, kNarrowShortRunAtoms or a whole stage (W4a16Launch::
 // lane_atoms). A template parameter too: as a runtime value it cost 1 x 8192 x 28672 36.0 -> 36.5 us (session 17).
-template <typename T, int kMTiles, bool kZeroPoints, bool kNarrow, int kLaneAtoms>
-__global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<kMTiles, kNarrow>::kCtasPerSm)
+template <typename T, int kMTiles, bool kZeroPoints, W4a16Form kForm, int kLaneAtoms>
+__global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kMTiles, kForm>::kCtasPerSm)
     W4a16GemmKernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x,
                     const __grid_constant__ CUtensorMap tm_scales, const __grid_constant__ CUtensorMap tm_zeros,
                     const __grid_constant__ KernelParams p) {
-  using Cfg = Config<kMTiles, kNarrow>;
+  using Cfg = Config<kMTiles, kForm>;
+  constexpr bool kNarrow = Cfg::kNarrow;
   constexpr int kStages = Cfg::kStages;
   constexpr int kTiles = Cfg::kTilesPerWarp;
   // Up to 16 tokens mma.sync (see Orientation), beyond wgmma; bf16 on mma.sync: raw codes and column sums
@@ -413,7 +420,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kNarrow>::kMaxThreads, Config<
     } else {
       tma::TmaLoad2d(tm_x, x_ring + slot * Cfg::kStageXBytes, full, atom * kAtomCols, m0);
     }
-    tma::TmaLoad2d(tm_scales, scale_stage, full, n0 / 2, group);
+    tma::TmaLoad2d(tm_scales, scale_stage, full, n0 / 4, group);
     if (kZeroPoints) tma::TmaLoad2d(tm_zeros, scale_stage + Cfg::kStageZerosOffset, full, n0 / 4, group);
   };
 
@@ -749,17 +756,18 @@ int Log2(int64_t power_of_two) {
 }
 
 // x: the activations or their act-order gather (m, k); the weights, scales and zeros in their kernel layouts.
-template <typename T, int kMTiles, bool kNarrow>
+template <typename T, int kMTiles, W4a16Form kForm>
 cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void* x, const GemmArgs& args,
                         cudaStream_t stream) {
-  using Cfg = Config<kMTiles, kNarrow>;
+  using Cfg = Config<kMTiles, kForm>;
+  constexpr bool kNarrow = Cfg::kNarrow;
   constexpr int kShortRun = kNarrow ? kNarrowShortRunAtoms : 1;  // wide: lane_atoms 1, a stage of 1 atom
   constexpr int kStageRun = Cfg::kStageAtoms;
   auto* kernel = args.zeros != nullptr
-                     ? (plan.lane_atoms == kShortRun ? &W4a16GemmKernel<T, kMTiles, true, kNarrow, kShortRun>
-                                                     : &W4a16GemmKernel<T, kMTiles, true, kNarrow, kStageRun>)
-                     : (plan.lane_atoms == kShortRun ? &W4a16GemmKernel<T, kMTiles, false, kNarrow, kShortRun>
-                                                     : &W4a16GemmKernel<T, kMTiles, false, kNarrow, kStageRun>);
+                     ? (plan.lane_atoms == kShortRun ? &W4a16GemmKernel<T, kMTiles, true, kForm, kShortRun>
+                                                     : &W4a16GemmKernel<T, kMTiles, true, kForm, kStageRun>)
+                     : (plan.lane_atoms == kShortRun ? &W4a16GemmKernel<T, kMTiles, false, kForm, kShortRun>
+                                                     : &W4a16GemmKernel<T, kMTiles, false, kForm, kStageRun>);
   constexpr int kSmem = Cfg::kSmemBytes;
   const uint64_t m = params.m, n = params.n, k = params.k, row_blocks = n / kAtomRows;
   const uint64_t groups = k / args.group_size;
@@ -773,10 +781,10 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
   const uint32_t weight_box[2] = {Cfg::kStageAtoms * kAtomBytes / 8, block_rows / kAtomRows};
   const uint32_t x_rows = static_cast<uint32_t>(kNarrow ? std::min<uint64_t>(m, Cfg::kBlockM) : Cfg::kBlockM);
   const uint32_t x_box[3] = {kAtomCols, x_rows, Cfg::kStageAtoms};
-  const uint32_t scale_box[2] = {block_rows / 2, groups_per_stage};
+  const uint32_t scale_box[2] = {block_rows / 4, groups_per_stage};
   const uint32_t zero_box[2] = {block_rows / 4, groups_per_stage};
   const uint32_t weight_bytes = tma::BoxBytes(weight_box, 8), x_bytes = tma::BoxBytes(x_box, 2);
-  const uint32_t scale_bytes = tma::BoxBytes(scale_box, 4);
+  const uint32_t scale_bytes = tma::BoxBytes(scale_box, 8);
   const uint32_t zero_bytes = args.zeros != nullptr ? tma::BoxBytes(zero_box, 4) : 0;
   if (weight_bytes > Cfg::kStageWeightBytes || x_bytes > Cfg::kStageXBytes || scale_bytes > Cfg::kStageZerosOffset ||
       zero_bytes > Cfg::kStageScaleBytes - Cfg::kStageZerosOffset) {
@@ -792,7 +800,7 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
                                      {k * sizeof(T), kAtomCols * sizeof(T)}, x_box, CU_TENSOR_MAP_SWIZZLE_128B)
                : tma::EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, {k, m}, {k * sizeof(T)},
                                      {x_box[0], x_box[1]}, CU_TENSOR_MAP_SWIZZLE_128B)) &&
-      tma::EncodeTiled<2>(&tm_scales, CU_TENSOR_MAP_DATA_TYPE_UINT32, args.scales, {n / 2, groups}, {n * kScaleBytes},
+      tma::EncodeTiled<2>(&tm_scales, CU_TENSOR_MAP_DATA_TYPE_UINT64, args.scales, {n / 4, groups}, {n * kScaleBytes},
                           scale_box, none);
   if (args.zeros != nullptr) {
     encoded = encoded && tma::EncodeTiled<2>(&tm_zeros, CU_TENSOR_MAP_DATA_TYPE_UINT32, args.zeros, {n / 4, groups},
@@ -842,12 +850,17 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
   params.n_tiles = plan.n_tiles;
   params.splits = plan.splits;
   switch (plan.m_tiles) {
-    case 1: return plan.narrow ? LaunchTyped<T, 1, true>(params, plan, x, args, stream)
-                               : LaunchTyped<T, 1, false>(params, plan, x, args, stream);
-    case 2: return plan.narrow ? LaunchTyped<T, 2, true>(params, plan, x, args, stream)
-                               : LaunchTyped<T, 2, false>(params, plan, x, args, stream);
-    case 4: return LaunchTyped<T, 4, false>(params, plan, x, args, stream);
-    default: return LaunchTyped<T, 8, false>(params, plan, x, args, stream);
+    case 1:
+      switch (plan.form) {
+        case W4a16Form::kNarrow: return LaunchTyped<T, 1, W4a16Form::kNarrow>(params, plan, x, args, stream);
+        case W4a16Form::kWhole: return LaunchTyped<T, 1, W4a16Form::kWhole>(params, plan, x, args, stream);
+        default: return LaunchTyped<T, 1, W4a16Form::kWide>(params, plan, x, args, stream);
+      }
+    case 2:
+      return plan.form == W4a16Form::kNarrow ? LaunchTyped<T, 2, W4a16Form::kNarrow>(params, plan, x, args, stream)
+                                             : LaunchTyped<T, 2, W4a16Form::kWide>(params, plan, x, args, stream);
+    case 4: return LaunchTyped<T, 4, W4a16Form::kWide>(params, plan, x, args, stream);
+    default: return LaunchTyped<T, 8, W4a16Form::kWide>(params, plan, x, args, stream);
   }
 }
 

@@ -13,9 +13,10 @@
 // measured −9% at 1 x 28672 x 8192, and at 16 tokens −10% against wgmma with 2 tiles, session 12);
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
-// per SM gets a deeper ring. Narrow plans (up to 16 tokens: small layers, and up to 132 x 64 rows with long K
-// at a few tokens; see kMaxNarrowLanes): one warp's rows, stages of kNarrowStageAtoms atoms (the X part one
-// 3-D box of the M token rows), one CTA per SM.
+// per SM gets a deeper ring. Whole-SM plans (one token tile, long splits: PlanW4a16Launch): one CTA per SM
+// of up to kMaxWholeWarps row warps, the two CTAs of a pair merged into one ring. Narrow plans (up to 16
+// tokens: small layers, and up to 132 x 64 rows with long K at a few tokens; see kMaxNarrowLanes): one warp's
+// rows, stages of kNarrowStageAtoms atoms (the X part one 3-D box of the M token rows), one CTA per SM.
 #pragma once
 
 #include <algorithm>
@@ -41,7 +42,14 @@ inline constexpr int kMaxStages = 16;
 inline constexpr int kMTileOptions[] = {1, 2, 4, 8};     // n8 token tiles per CTA the kernel instantiates
 
 inline constexpr int kMaxMmaSyncMTiles = 2;              // mma.sync up to 16 tokens, wgmma beyond
-constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }
+constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide plans
+
+// How a launch's CTAs hold an SM (W4a16Plan::form, W4a16Launch::form).
+//   kWide    CtasPerSm(m_tiles) CTAs of up to kMaxWarps row warps, each computing every atom of its K range.
+//   kWhole   one CTA of up to kMaxWholeWarps row warps (one token tile only; PlanW4a16Launch says when).
+//   kNarrow  one CTA of one warp's rows, K shared by k-lanes (mma.sync token tiles; see kMaxNarrowLanes).
+enum class W4a16Form : int { kWide = 0, kWhole = 1, kNarrow = 2 };
+inline constexpr int kMaxWholeWarps = 16;               // 128 registers a thread, as two wide CTAs of 8 warps
 // m16 tiles of W per warp: 4 up to 16 tokens, 2 beyond (at 16 tokens 4 tiles' accumulators, partials and
 // column sums take 125-128 registers, bf16 with 4 bytes spilled: all that two CTAs of 8 warps may have).
 constexpr int TilesPerWarp(int m_tiles) { return m_tiles <= kMaxMmaSyncMTiles ? 4 : 2; }
@@ -70,12 +78,12 @@ inline constexpr int kMaxNarrowStages = 32;
 struct W4a16Plan {
   int m_tiles;          // n8 tiles of tokens
   int block_m;          // tokens per CTA
-  bool narrow;           // one row warp, K split over k-lanes (see kMaxNarrowLanes)
+  W4a16Form form;
   int ctas_per_sm;
   int max_warps;        // warps a CTA may launch (the kernel's launch bound)
   int stage_atoms;      // 64-wide K atoms per stage: 1, narrow kNarrowStageAtoms
   int tiles_per_warp;   // m16 tiles of W per warp
-  int block_rows;       // rows of W per CTA at most (kMaxWarps row warps, narrow: one; the launcher may pick fewer)
+  int block_rows;       // rows of W per CTA at most (all its row warps, narrow: one; the launcher may pick fewer)
   int stages;
   int stage_weight_bytes;
   int stage_x_bytes;
@@ -92,14 +100,15 @@ struct W4a16Plan {
 };
 
 // The deepest ring (up to kMaxStages, narrow: kMaxNarrowStages) that lets the plan's CTAs share the SM.
-constexpr W4a16Plan SolveW4a16Plan(int m_tiles, bool narrow = false) {
+constexpr W4a16Plan SolveW4a16Plan(int m_tiles, W4a16Form form = W4a16Form::kWide) {
   W4a16Plan p{};
-  const int row_warps = narrow ? 1 : kMaxWarps;
+  const bool narrow = form == W4a16Form::kNarrow;
+  const int row_warps = narrow ? 1 : form == W4a16Form::kWhole ? kMaxWholeWarps : kMaxWarps;
   p.m_tiles = m_tiles;
   p.block_m = 8 * m_tiles;
-  p.narrow = narrow;
-  p.ctas_per_sm = narrow ? 1 : CtasPerSm(m_tiles);
-  p.max_warps = narrow ? kMaxNarrowLanes + 1 : kMaxWarps;
+  p.form = form;
+  p.ctas_per_sm = form == W4a16Form::kWide ? CtasPerSm(m_tiles) : 1;
+  p.max_warps = narrow ? kMaxNarrowLanes + 1 : row_warps;
   p.stage_atoms = narrow ? kNarrowStageAtoms : 1;
   p.tiles_per_warp = TilesPerWarp(m_tiles);
   p.block_rows = row_warps * WarpRows(m_tiles);
@@ -151,6 +160,18 @@ inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumu
 // 4096 x 28672 25.2 -> 22.8), 80 beat 40 on nine shapes of ten (1 x 16384 x 3072 12.8-13.0 -> 11.7) and 60 on
 // three of them (1 x 11008² 24.3 -> 22.8-22.9).
 inline constexpr int64_t kReductionPercent = 80;
+// Whole-SM CTAs (one token tile). The two wide CTAs on an SM stream unevenly (session 15: 22.8 and 30.1 us
+// for the same bytes at 1 x 28672 x 8192), and a tile waits for its slowest split; one CTA with the pair's
+// warps on one ring does not. Session 25 (benchmarks/NOTES.md), a probe with whole-SM CTAs for every mma.sync
+// plan (us at M = 1 / 4 / 16, wide -> whole): 28672 x 8192 37.2-37.5 / 37.6 / 46.8 -> 36.3 / 36.4 / 46.6,
+// 16384 x 12288 32.0-32.1 / 32.1-32.2 / 39.0 -> 30.4-30.5 / 30.6-30.7 / 39.1-39.2; with short splits it lost:
+// 14336 x 4096 (8 splits of 8 atoms) 13.8-13.9 -> 14.0-14.2 at M = 1, 18.4 -> 19.4 at 16; 4 x 8192² (6 splits
+// of 21 atoms) 14.5-14.6 -> 17.5. So: one token tile, splits of at least kWholeMinAtomsPerSplit atoms, and no
+// more than 1 / kWholeIdleSmsDivisor of the SMs without a CTA. With this rule (M = 1 / 4 / 8): 28672 x 8192
+// 37.3 / 37.5 / 38.0 -> 36.0 / 36.1 / 37.0, 16384 x 12288 31.7 / 31.7 / 32.2 -> 30.4 / 30.7 / 31.3, 11008 x 28672
+// 46.1 / 46.1 / 46.5 -> 45.2 / 45.4 / 46.9, 8 x 8192 x 28672 37.4 -> 35.7.
+inline constexpr int64_t kWholeMinAtomsPerSplit = 32;
+inline constexpr int kWholeIdleSmsDivisor = 16;
 
 struct W4a16Problem {
   int64_t m, n, k, group_size;  // group_size == k: per channel
@@ -160,10 +181,11 @@ struct W4a16Problem {
 struct W4a16Launch {
   int m_tiles;   // n8 token tiles per CTA: 1, 2, 4 or 8
   int m_blocks;  // CTAs along the tokens
-  int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (W4a16Threads launches whole warpgroups); narrow: 1
+  int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (whole: ..kMaxWholeWarps; W4a16Threads launches
+                 // whole warpgroups); narrow: 1
   int n_tiles;
   int splits;    // split-K factor
-  bool narrow;   // narrow CTAs (SolveW4a16Plan(m_tiles, true)): k_lanes warps share one warp's rows
+  W4a16Form form;  // the CTAs' plan: SolveW4a16Plan(m_tiles, form); narrow: k_lanes warps share one warp's rows
   int k_lanes;   // 1, or a narrow CTA's computing warps
   int lane_atoms;  // narrow: the atoms of a k-lane's runs (kNarrowShortRunAtoms or a stage); wide: 1
 };
@@ -267,12 +289,33 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     const double wide_us = static_cast<double>(p.n) * static_cast<double>(p.k) / 2 / kWideBytesPerUs +
                            (plan.splits > 1 ? kSplitUs : 0.0);
     if (narrow_tiles * plan.m_blocks <= num_sms && narrow_us < wide_us) {
-      plan.narrow = true;
+      plan.form = W4a16Form::kNarrow;
       plan.warps = 1;
       plan.n_tiles = static_cast<int>(narrow_tiles);
       plan.splits = 1;
       plan.lane_atoms = atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
-      plan.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, true).stages, atoms);
+      plan.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, W4a16Form::kNarrow).stages, atoms);
+    } else if (plan.m_tiles == 1) {
+      // Whole-SM CTAs (kWholeMinAtomsPerSplit): more than kMaxWarps row warps, the most CTAs up to one per SM;
+      // ties go to more warps.
+      W4a16Launch whole = plan;
+      int64_t whole_ctas = 0;
+      for (int warps = kMaxWholeWarps; warps > kMaxWarps; --warps) {
+        const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles));
+        const int64_t tiles = n_tiles * plan.m_blocks;
+        const int64_t splits = std::clamp<int64_t>(num_sms / tiles, 1, max_splits);
+        if (tiles * splits > whole_ctas) {
+          whole_ctas = tiles * splits;
+          whole.warps = warps;
+          whole.n_tiles = static_cast<int>(n_tiles);
+          whole.splits = static_cast<int>(splits);
+        }
+      }
+      if (whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
+          CeilDiv(atoms, whole.splits) >= kWholeMinAtomsPerSplit) {
+        whole.form = W4a16Form::kWhole;
+        plan = whole;
+      }
     }
   }
   return plan;
@@ -280,7 +323,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
 
 // Threads of a launch: whole warpgroups of its row warps; narrow, its k-lanes and the producer warp.
 constexpr int W4a16LaunchThreads(const W4a16Launch& plan) {
-  return plan.narrow ? (plan.k_lanes + 1) * 32 : W4a16Threads(plan.warps);
+  return plan.form == W4a16Form::kNarrow ? (plan.k_lanes + 1) * 32 : W4a16Threads(plan.warps);
 }
 
 // Split-K fragment-order partials, then the act-order gather of X (bf16/fp16). The split-K arrival
