@@ -85,6 +85,7 @@
 //   points + 16 B of mbarriers) + 1 KB to align the base to the swizzle atom
 //   = 103504 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 108624 B (16: 8 warps x 4 tiles,
 //     5 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM);
+//   whole-SM (M_tile 8: 16 warps x 4 tiles, 1 CTA/SM): 200784 B, 5 stages of 39936 B;
 //   narrow (stages of 4 atoms of 64 rows, 1 CTA/SM): 222464 B (M_tile 8: 16 stages of 13824 B),
 //     216256 B (16: 12 stages of 17920 B); the lanes' sums reuse the ring.
 //
