@@ -252,12 +252,19 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   if (mma_sync) {
     max_splits = std::min<int64_t>(max_splits, std::max<int64_t>(kMaxShortSplits, atoms / kMinAtomsPerManySplits));
   }
+  // The column tiles of CTAs with `warps` row warps, with the token blocks, and the splits that fill `slots` CTAs.
+  struct Grid {
+    int64_t n_tiles, tiles, splits;
+  };
+  const auto grid = [&](int warps, int64_t slots) {
+    const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles));
+    const int64_t tiles = n_tiles * plan.m_blocks;
+    return Grid{n_tiles, tiles, std::clamp<int64_t>(slots / tiles, 1, max_splits)};
+  };
   int64_t best_cost = INT64_MAX;
   int64_t best_ctas = 0;
   for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
-    const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles));
-    const int64_t tiles = n_tiles * plan.m_blocks;
-    const int64_t splits = std::clamp<int64_t>(slots / tiles, 1, max_splits);
+    const auto [n_tiles, tiles, splits] = grid(warps, slots);
     const int64_t waves = CeilDiv(tiles * splits, slots);
     const int64_t warps_per_sm = int64_t{warps} * CtasPerSm(plan.m_tiles);
     // mma.sync tiles: the launched warps without rows run the loop as row warps do, so they count (session
@@ -301,9 +308,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       W4a16Launch whole = plan;
       int64_t whole_ctas = 0;
       for (int warps = kMaxWholeWarps; warps > kMaxWarps; --warps) {
-        const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles));
-        const int64_t tiles = n_tiles * plan.m_blocks;
-        const int64_t splits = std::clamp<int64_t>(num_sms / tiles, 1, max_splits);
+        const auto [n_tiles, tiles, splits] = grid(warps, num_sms);
         if (tiles * splits > whole_ctas) {
           whole_ctas = tiles * splits;
           whole.warps = warps;
