@@ -281,6 +281,7 @@ class W4a16Launch:
 
     @property
     def narrow(self) -> bool:
+        """Whether the launch runs narrow CTAs (``form == "narrow"``)."""
         return self.form == "narrow"
 
 
