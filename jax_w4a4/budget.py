@@ -236,7 +236,8 @@ class W4a16Plan:
     with a full and an empty mbarrier; fixed: 1 KB of slack that aligns the base to the swizzle atom;
     ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see ``W4A16_FORMS``): "wide"; "whole", one CTA
     per SM of up to 16 row warps (the one-token tile); "narrow" (the mma.sync token tiles), one CTA per SM
-    whose k-lanes share one warp's rows, fed by a producer warp."""
+    whose k-lanes share one warp's rows (4 m16 tiles, 64 rows), fed by a producer warp; "narrow32", the same
+    with 2 m16 tiles (32 rows)."""
 
     m_tiles: int
     form: str
@@ -259,15 +260,15 @@ class W4a16Plan:
 
 
 _W4A16_FIELDS = 16
-W4A16_FORMS = ("wide", "whole", "narrow")  # W4a16Form in csrc/kernels/sm90/w4a16_gemm_plan.h, in its order
+W4A16_FORMS = ("wide", "whole", "narrow", "narrow32")  # W4a16Form in csrc/kernels/sm90/w4a16_gemm_plan.h, in its order
 
 
 @dataclasses.dataclass(frozen=True)
 class W4a16Launch:
     """The launch plan of one w4a16 GEMM (PlanW4a16Launch): ``m_blocks`` x ``n_tiles`` x ``splits`` CTAs of
     ``threads`` threads, of plan ``form`` (``w4a16_plan(m_tiles, form=form)``); wide and whole-SM CTAs own
-    ``warps`` warps' rows, narrow ones one warp's rows shared by ``k_lanes`` warps, each computing runs of
-    ``lane_atoms`` 64-wide atoms of K (wide, whole: 1)."""
+    ``warps`` warps' rows, narrow and narrow32 ones one warp's rows shared by ``k_lanes`` warps, each
+    computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole: 1)."""
 
     m_tiles: int
     m_blocks: int
@@ -281,8 +282,8 @@ class W4a16Launch:
 
     @property
     def narrow(self) -> bool:
-        """Whether the launch runs narrow CTAs (``form == "narrow"``)."""
-        return self.form == "narrow"
+        """Whether the launch runs narrow CTAs (``form`` "narrow" or "narrow32")."""
+        return self.form in ("narrow", "narrow32")
 
 
 def w4a16_m_tiles() -> list[int]:
@@ -294,8 +295,8 @@ def w4a16_m_tiles() -> list[int]:
 
 def w4a16_plan(m_tiles: int, *, form: str = "wide") -> W4a16Plan:
     """The solved shared-memory / occupancy plan of the sm90 w4a16 GEMM for one token tile and ``form``
-    (``W4A16_FORMS``; the kernel instantiates "narrow" for the mma.sync tiles, m_tiles <= 2, and "whole" for
-    m_tiles == 1)."""
+    (``W4A16_FORMS``; the kernel instantiates "narrow" and "narrow32" for the mma.sync tiles, m_tiles <= 2,
+    and "whole" for m_tiles == 1)."""
     if form not in W4A16_FORMS:
         raise ValueError(f"form must be one of {W4A16_FORMS}, got {form!r}")
     out = (ctypes.c_int64 * _W4A16_FIELDS)()

@@ -323,14 +323,15 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
 
 
 def test_w4a16_narrow_plans_add_up_fit_and_are_tight():
-    """Narrow CTAs (8 and 16 tokens): one per SM, one warp's 64 rows, stages of 4 atoms (8 KB of weights: one
-    TMA box), up to 8 k-lanes and a producer warp."""
-    for m_tiles in (1, 2):
-        p = budget.w4a16_plan(m_tiles, form="narrow")
-        assert p.form == "narrow" and p.ctas_per_sm == 1 and p.stage_atoms == 4 and p.max_warps == 8 + 1
-        assert p.block_rows == 64 and p.stage_weight_bytes == 8192
-        _check_w4a16_plan(p, max_stages=32)
-    assert [budget.w4a16_plan(m, form="narrow").stages for m in (1, 2)] == [16, 12]
+    """Narrow CTAs (8 and 16 tokens): one per SM, one warp's 64 rows (narrow32: 32), stages of 4 atoms (8 KB of
+    weights, narrow32 4 KB: one TMA box), up to 8 k-lanes and a producer warp."""
+    for form, tiles, stages in (("narrow", 4, [16, 12]), ("narrow32", 2, [25, 17])):
+        for m_tiles in (1, 2):
+            p = budget.w4a16_plan(m_tiles, form=form)
+            assert p.form == form and p.ctas_per_sm == 1 and p.stage_atoms == 4 and p.max_warps == 8 + 1
+            assert p.tiles_per_warp == tiles and p.block_rows == tiles * 16 and p.stage_weight_bytes == tiles * 2048
+            _check_w4a16_plan(p, max_stages=32)
+        assert [budget.w4a16_plan(m, form=form).stages for m in (1, 2)] == stages
 
 
 def test_w4a16_whole_sm_plan_adds_up_fits_and_is_tight():
@@ -346,32 +347,37 @@ def test_w4a16_whole_sm_plan_adds_up_fits_and_is_tight():
 
 
 def test_table_lists_w4a16_plans():
-    assert budget.table().count("w4a16_gemm sm90:") == 4 + 1 + 2
-    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 3
+    assert budget.table().count("w4a16_gemm sm90:") == 4 + 1 + 2 + 2
+    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 5
+    assert budget.table().count(", narrow32 (") == 2
     assert budget.table().count(", whole-SM ") == 1
 
 
 def test_w4a16_narrow_ctas_serve_small_layers():
-    """The planner's model (w4a16_gemm_plan.h): a wide launch that splits K pays ~3 us for its partials, a
-    narrow CTA streams its 64 rows and its tokens' X (at half a weight byte) at ~35 KB/us, and a narrow launch
-    pays ~0.03 us a CTA. So small layers run narrow, unsplit, with a k-lane per 4-atom stage up to 8 and two
-    stages of the ring each; so do 8192-row layers with long K at a few tokens (their X is small),
-    while every launch past 16 tokens runs wide, and a narrow grid fits one wave."""
+    """Narrow CTAs own one warp's rows and all of K: no split-K partials. Narrow32 CTAs (32 rows) wherever N / 32
+    of them fit one wave, K has at most 128 atoms and each streams no more rows x columns than a CTA of the
+    wide plan (w4a16_gemm_plan.h: kNarrow32TilesPerWarp). Otherwise the planner's model: a wide launch that
+    splits K pays ~3 us for its partials, a narrow CTA streams its 64 rows and its tokens' X (at half a weight
+    byte) at ~35 KB/us, and a narrow launch pays ~0.03 us a CTA; so 8192-row layers with long K run narrow at
+    a few tokens (their X is small). Narrow CTAs run a k-lane per 4-atom stage up to 8 and two stages of the
+    ring each; every launch past 16 tokens runs wide, and a narrow grid fits one wave."""
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)
-    assert (small.narrow, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == (True, 9, 1, 1, 6, 7 * 32)
-    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 24, 1, "narrow", 3, 2, 4 * 32)  # 9 atoms: 3 stages
+    assert (small.form, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == ("narrow32", 18, 1, 1, 6, 7 * 32)
+    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 48, 1, "narrow32", 3, 2, 4 * 32)  # 9 atoms: 3 stages
     assert plan(1, 1024, 1024).k_lanes == 4 and plan(1, 384, 4096) is not None
-    assert plan(1, 4096, 1024).narrow and not plan(1, 8192, 1024).narrow  # ~0.03 us a narrow CTA: 64 vs 128 CTAs
-    one_wave = functools.partial(budget.w4a16_launch, 1, 1024, 1024, 64, act_order=False)  # 16 row tiles
+    # 4096 rows: 128 narrow32 CTAs; 8192 rows: 256 do not fit, and 128 narrow ones lose to wide in the model.
+    assert plan(1, 4096, 1024).form == "narrow32" and not plan(1, 8192, 1024).narrow
+    one_wave = functools.partial(budget.w4a16_launch, 1, 1024, 1024, 64, act_order=False)  # 32 / 16 row tiles
+    assert one_wave(num_sms=32).form == "narrow32" and one_wave(num_sms=31).form == "narrow"
     assert one_wave(num_sms=16).narrow and not one_wave(num_sms=15).narrow
     assert not plan(17, 576, 1536).narrow and plan(17, 576, 1536).m_tiles == 4
     benchmark_shapes = ((28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096))
-    assert [[plan(m, n, k).narrow for m in (1, 2, 4, 8, 16)] for n, k in benchmark_shapes] == [
-        [False] * 5,  # 448 row tiles: more than one wave
-        [True, True, True, False, False],
-        [True, True, False, False, False],
-        [False] * 5,
+    assert [[plan(m, n, k).form for m in (1, 2, 4, 8, 16)] for n, k in benchmark_shapes] == [
+        ["whole"] * 4 + ["wide"],  # 448 row tiles: more than one wave
+        ["narrow"] * 3 + ["whole", "wide"],
+        ["narrow"] * 2 + ["wide"] * 3,
+        ["narrow32"] * 5,
     ]
     # k-lanes take runs of 2 atoms when K <= 8192 (two lanes per stage: a shorter last stage), else whole stages
     assert [plan(1, 8192, k).lane_atoms for k in (8192, 8256, 28672)] == [2, 4, 4]
@@ -380,6 +386,24 @@ def test_w4a16_narrow_ctas_serve_small_layers():
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=False, num_sms=132) == 0
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=True, num_sms=132) == 256 * -(-2 * m * k // 256)
     assert plan(0, 576, 1536) is None
+
+
+def test_w4a16_narrow32_ctas_stream_no_more_than_a_wide_cta():
+    """Narrow32 CTAs (32 rows, all of K) replace a wide launch where N / 32 of them fit one wave, K has at most
+    128 atoms and each streams no more rows x columns than a CTA of the wide plan: there the wide CTAs (at
+    least 256 rows, at most 8 splits) stream as much each and pay the split-K round trips (session 26)."""
+    def launch(m, n, k, num_sms=132):
+        p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=num_sms)
+        return p.form, p.n_tiles, p.splits, p.k_lanes, p.lane_atoms
+
+    assert launch(1, 4096, 4096) == ("narrow32", 128, 1, 8, 2)
+    assert launch(16, 4096, 8192) == ("narrow32", 128, 1, 8, 2)  # wide: 16 tiles of 256 rows in 8 splits of 16 atoms
+    assert launch(1, 4224, 4096)[:2] == ("narrow32", 132) and launch(1, 4256, 4096)[0] == "wide"  # one wave
+    assert launch(1, 4096, 4096, num_sms=114)[0] == "wide"  # an H100 PCIe
+    assert launch(1, 4096, 8320)[0] == "wide"  # 130 atoms
+    assert launch(1, 4096, 14336)[0] == "wide"  # wide CTAs of 256 rows x 16 atoms (measured: narrow32 lost)
+    assert launch(1, 128, 8192)[0] == "wide"  # one wide tile of 128 rows in 8 splits: 16 atoms a CTA
+    assert launch(1, 256, 8192)[:2] == ("narrow32", 8)  # 256 rows in 8 splits: as many bytes a CTA
 
 
 def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
@@ -439,9 +463,10 @@ def test_w4a16_workspace_follows_the_launch_plan():
     assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=True, num_sms=132) == partials + gather
     # More SMs, more splits, more partials; shapes the kernel does not serve: -1.
     assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=264) > partials
-    # 4096 x 4096 at one token: 64 atoms, so at most 8 splits (kMaxShortSplits: fewer than 16 atoms each):
-    # 16 column tiles of 4 warps x 4 m16 tiles in 8 splits.
-    assert budget.w4a16_workspace_bytes(1, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 16 * 8 * 4 * 4 * 32
+    # 8192 x 4096 at one token: 64 atoms, so at most 8 splits (kMaxShortSplits: fewer than 16 atoms each):
+    # 32 column tiles of 4 warps x 4 m16 tiles in 8 splits. 4096 x 4096 runs narrow32 CTAs: no partials.
+    assert budget.w4a16_workspace_bytes(1, 8192, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * 32
+    assert budget.w4a16_workspace_bytes(1, 4096, 4096, 128, act_order=False, num_sms=132) == 0
     # 4096 x 4096 at 64 tokens: at most 4 splits (kMaxSplitsAt64Tokens: their 64 KB partials are summed by one
     # CTA), so 32 column tiles of 4 warps x 2 m16 tiles x 8 token tiles -> 128 CTAs.
     assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32

@@ -139,11 +139,14 @@ def test_every_group_size_with_act_order(group_size):
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, group_size != 64, dtype, True, True)
 
 
-@pytest.mark.parametrize("n", [96, 1056])
+@pytest.mark.parametrize("n", [4256, 8224], ids=["narrow", "wide"])
 def test_rows_not_a_multiple_of_a_warps_tiles(n):
-    """N % 64 == 32: up to 16 tokens a warp owns four m16 tiles (64 rows), so the last warp holds only
-    one valid pair of tiles (it loads that pair twice and stores it once)."""
+    """N % 64 == 32: up to 16 tokens a warp of a narrow or wide CTA owns four m16 tiles (64 rows), so the last
+    warp holds only one valid pair of tiles (it loads that pair twice and stores it once)."""
     k = 1024
+    assert [budget.w4a16_launch(m, n, k, 64, act_order=False, num_sms=_num_sms()).form for m in (1, 16)] == [
+        "narrow" if n == 4256 else "wide"
+    ] * 2
     for m, dtype in ((1, BF16), (16, FP16), (33, BF16)):
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, 64, True, dtype, False, True)
 
@@ -159,10 +162,11 @@ def test_every_token_tile(m):
 
 
 def test_leading_dims_and_small_split_k():
-    """x (..., K): the leading dims are flattened; 4096 x 4096 runs split-K over 16 CTAs per column tile
+    """x (..., K): the leading dims are flattened; 8192 x 4096 runs split-K over 8 CTAs per column tile
     (the plan for 6 tokens on 132 SMs)."""
+    assert budget.w4a16_launch(6, 8192, 4096, 64, act_order=False, num_sms=_num_sms()).splits == 8
     x = activations((2, 3), 4096, BF16)
-    run_and_compare(x, 4096, 4096, 64, True, BF16, False, True)
+    run_and_compare(x, 8192, 4096, 64, True, BF16, False, True)
 
 
 def test_split_k_counters_are_rearmed():
@@ -170,7 +174,7 @@ def test_split_k_counters_are_rearmed():
     launch must leave them at 0. Runs the same split-K call sites on new data each time (a counter left
     armed would skip or misplace a tile's reduction), then reads every counter back."""
     for seed in range(3):
-        for m, n, k in ((1, 4096, 4096), (16, 8192, 8192), (3, 576, 1536)):
+        for m, n, k in ((1, 8192, 4096), (16, 8192, 8192), (3, 8224, 1024)):
             run_and_compare(activations((m,), k, BF16, seed=seed), n, k, 64, seed % 2 == 1, BF16, False, True)
     assert _library.armed_arrival_counters() == 0
 
@@ -187,20 +191,24 @@ def test_reductions_are_deterministic(n, k, narrow):
         np.testing.assert_array_equal(again.view(np.uint16), first.view(np.uint16))
 
 
+NARROW_CASES = {  # (n, k, group size, zero points, dtype) that the planner runs narrow at 1, 5 and 16 tokens
+    "narrow32": ((96, 576, 32, True, BF16), (1056, 1024, -1, False, FP16), (1056, 1024, 128, False, BF16),
+                 (608, 1536, 64, True, FP16)),
+    "narrow": ((4256, 576, 32, True, FP16), (4320, 1024, -1, False, BF16), (4320, 1024, 128, True, FP16)),
+}
+
+
+@pytest.mark.parametrize("form", list(NARROW_CASES))
 @pytest.mark.parametrize("m", [1, 5, 16])
-def test_narrow_ctas(m):
-    """Narrow CTAs (small layers, up to 16 tokens): K's last stage partial (9 atoms: 3 stages of 4, so 3
-    k-lanes, in runs of 2 atoms: the last run holds one) or whole, a row tile of 32 rows (N % 64 == 32), every
-    group size, both zero-point modes. Runs of whole stages (K > 8192): the decode shapes' 8192 x 28672."""
-    for n, k, group_size, zero_point, dtype in (
-        (96, 576, 32, True, BF16),
-        (1056, 1024, -1, False, FP16),
-        (1056, 1024, 128, False, BF16),
-        (608, 1536, 64, True, FP16),
-    ):
+def test_narrow_ctas(form, m):
+    """Narrow CTAs (small layers, up to 16 tokens) of 32 rows (narrow32) and 64 (narrow): K's last stage partial
+    (9 atoms: 3 stages of 4, so 3 k-lanes, in runs of 2 atoms: the last run holds one) or whole, a last row
+    tile of 32 rows in a 64-row form (N % 64 == 32), every group size, both zero-point modes. Runs of whole
+    stages (K > 8192): the decode shapes' 8192 x 28672."""
+    for n, k, group_size, zero_point, dtype in NARROW_CASES[form]:
         size = k if group_size == -1 else group_size
         plan = budget.w4a16_launch(m, n, k, size, act_order=False, num_sms=_num_sms())
-        assert plan.narrow and plan.lane_atoms == 2
+        assert plan.form == form and plan.lane_atoms == 2
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, False, True)
 
 

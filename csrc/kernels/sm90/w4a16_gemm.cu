@@ -44,9 +44,10 @@
 // Whole-SM CTAs (one token tile, long splits: the planner's rule in w4a16_gemm_plan.h): the same code with one
 // CTA per SM of up to 16 row warps, where a wide plan would put two CTAs of up to 8 (1 x 28672 x 8192: 128 CTAs
 // of 14 warps, not 256 of 7); the pair's warps share one ring and end together.
-// Narrow CTAs (up to 16 tokens, where the planner's time model in w4a16_gemm_plan.h picks them: small layers,
-// whose stream does not hide a split's ~3 us of round trips, and layers of up to 132 x 64 rows with long K
-// at a few tokens): one CTA per SM owns one warp's 64 rows and all of K. Roles: k-lanes (up to 8 warps, the
+// Narrow CTAs (up to 16 tokens, where the planner in w4a16_gemm_plan.h picks them: small layers, whose stream
+// does not hide a split's ~3 us of round trips, and layers of up to 132 x 64 rows with long K at a few
+// tokens): one CTA per SM owns one warp's 64 rows (narrow32: 32, two m16 tiles, for layers of up to 132 x 32
+// rows with K <= 8192, twice the CTAs) and all of K. Roles: k-lanes (up to 8 warps, the
 // same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 2 with K <= 8192, so that two lanes
 // share a stage and the last one is computed in half the time) and a producer warp; at the end the lanes'
 // accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No
@@ -123,7 +124,7 @@ constexpr int kRawCodesMaxPromotionCols = 128;    // raw-code partials carry an 
 
 template <int kMTiles, W4a16Form kForm>  // n8 tiles of tokens; how the CTAs hold an SM (w4a16_gemm_plan.h)
 struct Config {
-  static constexpr bool kNarrow = kForm == W4a16Form::kNarrow;
+  static constexpr bool kNarrow = IsNarrow(kForm);
   static constexpr W4a16Plan kPlan = SolveW4a16Plan(kMTiles, kForm);
   static constexpr int kMaxThreads = kPlan.max_warps * 32;
   static constexpr int kCtasPerSm = kPlan.ctas_per_sm;
@@ -763,7 +764,8 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
   using Cfg = Config<kMTiles, kForm>;
   constexpr bool kNarrow = Cfg::kNarrow;
   constexpr int kShortRun = kNarrow ? kNarrowShortRunAtoms : 1;  // wide: lane_atoms 1, a stage of 1 atom
-  constexpr int kStageRun = Cfg::kStageAtoms;
+  // narrow32: short K only (PlanW4a16Launch), so no instance of whole-stage runs
+  constexpr int kStageRun = kForm == W4a16Form::kNarrow32 ? kShortRun : Cfg::kStageAtoms;
   auto* kernel = args.zeros != nullptr
                      ? (plan.lane_atoms == kShortRun ? &W4a16GemmKernel<T, kMTiles, true, kForm, kShortRun>
                                                      : &W4a16GemmKernel<T, kMTiles, true, kForm, kStageRun>)
@@ -854,12 +856,16 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
     case 1:
       switch (plan.form) {
         case W4a16Form::kNarrow: return LaunchTyped<T, 1, W4a16Form::kNarrow>(params, plan, x, args, stream);
+        case W4a16Form::kNarrow32: return LaunchTyped<T, 1, W4a16Form::kNarrow32>(params, plan, x, args, stream);
         case W4a16Form::kWhole: return LaunchTyped<T, 1, W4a16Form::kWhole>(params, plan, x, args, stream);
         default: return LaunchTyped<T, 1, W4a16Form::kWide>(params, plan, x, args, stream);
       }
     case 2:
-      return plan.form == W4a16Form::kNarrow ? LaunchTyped<T, 2, W4a16Form::kNarrow>(params, plan, x, args, stream)
-                                             : LaunchTyped<T, 2, W4a16Form::kWide>(params, plan, x, args, stream);
+      switch (plan.form) {
+        case W4a16Form::kNarrow: return LaunchTyped<T, 2, W4a16Form::kNarrow>(params, plan, x, args, stream);
+        case W4a16Form::kNarrow32: return LaunchTyped<T, 2, W4a16Form::kNarrow32>(params, plan, x, args, stream);
+        default: return LaunchTyped<T, 2, W4a16Form::kWide>(params, plan, x, args, stream);
+      }
     case 4: return LaunchTyped<T, 4, W4a16Form::kWide>(params, plan, x, args, stream);
     default: return LaunchTyped<T, 8, W4a16Form::kWide>(params, plan, x, args, stream);
   }

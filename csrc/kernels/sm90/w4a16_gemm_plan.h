@@ -16,7 +16,8 @@
 // per SM gets a deeper ring. Whole-SM plans (one token tile, long splits: PlanW4a16Launch): one CTA per SM
 // of up to kMaxWholeWarps row warps, the two CTAs of a pair merged into one ring. Narrow plans (up to 16
 // tokens: small layers, and up to 132 x 64 rows with long K at a few tokens; see kMaxNarrowLanes): one warp's
-// rows, stages of kNarrowStageAtoms atoms (the X part one 3-D box of the M token rows), one CTA per SM.
+// rows (narrow32 plans: half a warp's, kNarrow32TilesPerWarp), stages of kNarrowStageAtoms atoms (the X part
+// one 3-D box of the M token rows), one CTA per SM.
 #pragma once
 
 #include <algorithm>
@@ -47,13 +48,23 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide p
 // How a launch's CTAs hold an SM (W4a16Plan::form, W4a16Launch::form).
 //   kWide    CtasPerSm(m_tiles) CTAs of up to kMaxWarps row warps, each computing every atom of its K range.
 //   kWhole   one CTA of up to kMaxWholeWarps row warps (one token tile only; PlanW4a16Launch says when).
-//   kNarrow  one CTA of one warp's rows, K shared by k-lanes (mma.sync token tiles; see kMaxNarrowLanes).
-enum class W4a16Form : int { kWide = 0, kWhole = 1, kNarrow = 2 };
+//   kNarrow    one CTA of one warp's rows (4 m16 tiles, 64 rows), K shared by k-lanes (mma.sync token tiles;
+//              see kMaxNarrowLanes).
+//   kNarrow32  the same with 2 m16 tiles a warp (32 rows): twice the CTAs, for layers of up to num_sms x 32
+//              rows with K of up to kNarrowShortKAtoms atoms (see kNarrow32TilesPerWarp).
+enum class W4a16Form : int { kWide = 0, kWhole = 1, kNarrow = 2, kNarrow32 = 3 };
+constexpr bool IsNarrow(W4a16Form form) { return form == W4a16Form::kNarrow || form == W4a16Form::kNarrow32; }
 inline constexpr int kMaxWholeWarps = 16;               // 128 registers a thread, as two wide CTAs of 8 warps
 // m16 tiles of W per warp: 4 up to 16 tokens, 2 beyond (at 16 tokens 4 tiles' accumulators, partials and
-// column sums take 125-128 registers, bf16 with 4 bytes spilled: all that two CTAs of 8 warps may have).
-constexpr int TilesPerWarp(int m_tiles) { return m_tiles <= kMaxMmaSyncMTiles ? 4 : 2; }
-constexpr int WarpRows(int m_tiles) { return TilesPerWarp(m_tiles) * kAtomRows; }
+// column sums take 125-128 registers, bf16 with 4 bytes spilled: all that two CTAs of 8 warps may have);
+// narrow32 CTAs 2 at every token tile.
+inline constexpr int kNarrow32TilesPerWarp = 2;
+constexpr int TilesPerWarp(int m_tiles, W4a16Form form = W4a16Form::kWide) {
+  return form == W4a16Form::kNarrow32 ? kNarrow32TilesPerWarp : m_tiles <= kMaxMmaSyncMTiles ? 4 : 2;
+}
+constexpr int WarpRows(int m_tiles, W4a16Form form = W4a16Form::kWide) {
+  return TilesPerWarp(m_tiles, form) * kAtomRows;
+}
 
 // Narrow CTAs (mma.sync token tiles only): one CTA per SM owns one warp's rows (64) and the whole of K,
 // split over up to kMaxNarrowLanes warps ("k-lanes") that take turns on the ring's stages of
@@ -74,6 +85,15 @@ inline constexpr int kNarrowShortRunAtoms = 2;
 inline constexpr int kNarrowShortKAtoms = 128;
 static_assert(kNarrowStageAtoms % kNarrowShortRunAtoms == 0 && kNarrowShortRunAtoms * kAtomCols % 128 == 0);
 inline constexpr int kMaxNarrowStages = 32;
+// Narrow32 CTAs (kNarrow32TilesPerWarp m16 tiles, 32 rows): where N / 32 CTAs fit one wave and K has at most
+// kNarrowShortKAtoms atoms, the wide planner cannot give a CTA fewer bytes to stream unless N is below 256:
+// its CTAs own at least 4 warps x 64 rows and split K at most kMaxShortSplits ways, 256 x K / 8 = 32 x K. So a
+// narrow32 CTA streams what a wide one does, without the split-K partials' round trips, on at least as many
+// SMs (PlanW4a16Launch takes it when its bytes per CTA are at most the wide plan's). Session 26
+// (benchmarks/NOTES.md), us at M = 1 / 4 / 16, wide or narrow -> narrow32: 4096² 7.6 / 7.7 / 9.5 -> 6.9 / 7.1 / 8.9,
+// 4096 x 8192 11.4 / 11.4 / 14.4 -> 10.2 / 10.5 / 13.8, 3072² 6.5 / 6.6 / 8.3 -> 5.7 / 5.9 / 6.9, 1024 x 4096
+// 7.1 / 7.2 / 9.2 -> 6.3 / 6.4 / 7.0, 1024² (narrow) 4.0 / 4.1 / 4.7 -> 3.7 / 3.8 / 4.1; against the wide plan's
+// 14 splits of 16 atoms it lost (4096 x 14336: 15.0 / 15.0 / 19.8 -> 16.0 / 16.2 / 19.5).
 
 struct W4a16Plan {
   int m_tiles;          // n8 tiles of tokens
@@ -81,7 +101,7 @@ struct W4a16Plan {
   W4a16Form form;
   int ctas_per_sm;
   int max_warps;        // warps a CTA may launch (the kernel's launch bound)
-  int stage_atoms;      // 64-wide K atoms per stage: 1, narrow kNarrowStageAtoms
+  int stage_atoms;      // 64-wide K atoms per stage: 1, narrow and narrow32 kNarrowStageAtoms
   int tiles_per_warp;   // m16 tiles of W per warp
   int block_rows;       // rows of W per CTA at most (all its row warps, narrow: one; the launcher may pick fewer)
   int stages;
@@ -102,7 +122,7 @@ struct W4a16Plan {
 // The deepest ring (up to kMaxStages, narrow: kMaxNarrowStages) that lets the plan's CTAs share the SM.
 constexpr W4a16Plan SolveW4a16Plan(int m_tiles, W4a16Form form = W4a16Form::kWide) {
   W4a16Plan p{};
-  const bool narrow = form == W4a16Form::kNarrow;
+  const bool narrow = IsNarrow(form);
   const int row_warps = narrow ? 1 : form == W4a16Form::kWhole ? kMaxWholeWarps : kMaxWarps;
   p.m_tiles = m_tiles;
   p.block_m = 8 * m_tiles;
@@ -110,8 +130,8 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles, W4a16Form form = W4a16Form::kWid
   p.ctas_per_sm = form == W4a16Form::kWide ? CtasPerSm(m_tiles) : 1;
   p.max_warps = narrow ? kMaxNarrowLanes + 1 : row_warps;
   p.stage_atoms = narrow ? kNarrowStageAtoms : 1;
-  p.tiles_per_warp = TilesPerWarp(m_tiles);
-  p.block_rows = row_warps * WarpRows(m_tiles);
+  p.tiles_per_warp = TilesPerWarp(m_tiles, form);
+  p.block_rows = row_warps * WarpRows(m_tiles, form);
   p.stage_weight_bytes = p.stage_atoms * row_warps * p.tiles_per_warp * kAtomBytes;
   p.stage_x_bytes = p.stage_atoms * p.block_m * kXRowBytes;
   p.stage_scale_bytes = p.stage_atoms * kMaxGroupsPerAtom * p.block_rows * (kScaleBytes + kZeroBytes);
@@ -289,19 +309,33 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   plan.k_lanes = 1;
   plan.lane_atoms = 1;
   if (mma_sync) {
-    const int64_t narrow_tiles = CeilDiv(p.n, WarpRows(plan.m_tiles));
+    // A narrow launch of `form`: one row tile per CTA, all of K, k-lanes in runs of lane_atoms.
+    const auto narrow = [&](W4a16Form form) {
+      W4a16Launch l = plan;
+      l.form = form;
+      l.warps = 1;
+      l.n_tiles = static_cast<int>(CeilDiv(p.n, WarpRows(plan.m_tiles, form)));
+      l.splits = 1;
+      l.lane_atoms = atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
+      l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form).stages, atoms);
+      return l;
+    };
+    // Narrow32 (kNarrow32TilesPerWarp): one wave, short K, and no more rows x columns per CTA than the wide plan's.
+    const W4a16Launch narrow32 = narrow(W4a16Form::kNarrow32);
+    const int64_t wide_cta_rows = std::min<int64_t>(p.n, int64_t{plan.warps} * WarpRows(plan.m_tiles));
+    if (int64_t{narrow32.n_tiles} * plan.m_blocks <= num_sms && atoms <= kNarrowShortKAtoms &&
+        WarpRows(plan.m_tiles, W4a16Form::kNarrow32) * atoms <= wide_cta_rows * CeilDiv(atoms, plan.splits)) {
+      return narrow32;
+    }
+    const W4a16Launch narrow64 = narrow(W4a16Form::kNarrow);
+    const int64_t narrow_tiles = narrow64.n_tiles;
     const double narrow_bytes = static_cast<double>(p.k) * (WarpRows(plan.m_tiles) / 2 + kNarrowXByteWeight * 2 * p.m);
     const double narrow_us = narrow_bytes / kNarrowBytesPerUsPerSm + kNarrowUs +
                              kNarrowUsPerCta * static_cast<double>(narrow_tiles * plan.m_blocks);
     const double wide_us = static_cast<double>(p.n) * static_cast<double>(p.k) / 2 / kWideBytesPerUs +
                            (plan.splits > 1 ? kSplitUs : 0.0);
     if (narrow_tiles * plan.m_blocks <= num_sms && narrow_us < wide_us) {
-      plan.form = W4a16Form::kNarrow;
-      plan.warps = 1;
-      plan.n_tiles = static_cast<int>(narrow_tiles);
-      plan.splits = 1;
-      plan.lane_atoms = atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
-      plan.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, W4a16Form::kNarrow).stages, atoms);
+      plan = narrow64;
     } else if (plan.m_tiles == 1) {
       // Whole-SM CTAs (kWholeMinAtomsPerSplit): more than kMaxWarps row warps, the most CTAs up to one per SM;
       // ties go to more warps.
@@ -328,7 +362,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
 
 // Threads of a launch: whole warpgroups of its row warps; narrow, its k-lanes and the producer warp.
 constexpr int W4a16LaunchThreads(const W4a16Launch& plan) {
-  return plan.form == W4a16Form::kNarrow ? (plan.k_lanes + 1) * 32 : W4a16Threads(plan.warps);
+  return IsNarrow(plan.form) ? (plan.k_lanes + 1) * 32 : W4a16Threads(plan.warps);
 }
 
 // Split-K fragment-order partials, then the act-order gather of X (bf16/fp16). The split-K arrival
@@ -340,7 +374,7 @@ constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16
   if (plan.splits > 1) {
     ws.partials = offset;
     offset += align(kPartialBytes * plan.m_blocks * plan.n_tiles * plan.splits * plan.warps *
-                    TilesPerWarp(plan.m_tiles) * plan.m_tiles * 32);
+                    TilesPerWarp(plan.m_tiles, plan.form) * plan.m_tiles * 32);
   }
   if (p.act_order) {
     ws.x_perm = offset;
