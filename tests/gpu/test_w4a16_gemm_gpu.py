@@ -139,14 +139,12 @@ def test_every_group_size_with_act_order(group_size):
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, group_size != 64, dtype, True, True)
 
 
-@pytest.mark.parametrize("n", [4256, 8224], ids=["narrow", "wide"])
-def test_rows_not_a_multiple_of_a_warps_tiles(n):
+@pytest.mark.parametrize("n, form", [(4256, "narrow"), (8224, "wide")], ids=["narrow", "wide"])
+def test_rows_not_a_multiple_of_a_warps_tiles(n, form):
     """N % 64 == 32: up to 16 tokens a warp of a narrow or wide CTA owns four m16 tiles (64 rows), so the last
     warp holds only one valid pair of tiles (it loads that pair twice and stores it once)."""
     k = 1024
-    assert [budget.w4a16_launch(m, n, k, 64, act_order=False, num_sms=_num_sms()).form for m in (1, 16)] == [
-        "narrow" if n == 4256 else "wide"
-    ] * 2
+    assert [budget.w4a16_launch(m, n, k, 64, act_order=False, num_sms=_num_sms()).form for m in (1, 16)] == [form] * 2
     for m, dtype in ((1, BF16), (16, FP16), (33, BF16)):
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, 64, True, dtype, False, True)
 

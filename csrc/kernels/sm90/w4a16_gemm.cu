@@ -820,6 +820,24 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
   return cudaGetLastError();
 }
 
+// The instance of plan.form for one token tile: narrow forms for the mma.sync tiles, whole-SM for the one-token
+// tile (the forms PlanW4a16Launch gives them), wide otherwise.
+template <typename T, int kMTiles>
+cudaError_t LaunchForm(const KernelParams& params, const W4a16Launch& plan, const void* x, const GemmArgs& args,
+                       cudaStream_t stream) {
+  if constexpr (kMTiles <= kMaxMmaSyncMTiles) {
+    switch (plan.form) {
+      case W4a16Form::kNarrow: return LaunchTyped<T, kMTiles, W4a16Form::kNarrow>(params, plan, x, args, stream);
+      case W4a16Form::kNarrow32: return LaunchTyped<T, kMTiles, W4a16Form::kNarrow32>(params, plan, x, args, stream);
+      case W4a16Form::kWhole:
+        if constexpr (kMTiles == 1) return LaunchTyped<T, kMTiles, W4a16Form::kWhole>(params, plan, x, args, stream);
+        break;
+      default: break;
+    }
+  }
+  return LaunchTyped<T, kMTiles, W4a16Form::kWide>(params, plan, x, args, stream);
+}
+
 template <typename T>
 cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const W4a16Workspace& ws, void* workspace,
                            cudaStream_t stream) {
@@ -853,21 +871,10 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
   params.n_tiles = plan.n_tiles;
   params.splits = plan.splits;
   switch (plan.m_tiles) {
-    case 1:
-      switch (plan.form) {
-        case W4a16Form::kNarrow: return LaunchTyped<T, 1, W4a16Form::kNarrow>(params, plan, x, args, stream);
-        case W4a16Form::kNarrow32: return LaunchTyped<T, 1, W4a16Form::kNarrow32>(params, plan, x, args, stream);
-        case W4a16Form::kWhole: return LaunchTyped<T, 1, W4a16Form::kWhole>(params, plan, x, args, stream);
-        default: return LaunchTyped<T, 1, W4a16Form::kWide>(params, plan, x, args, stream);
-      }
-    case 2:
-      switch (plan.form) {
-        case W4a16Form::kNarrow: return LaunchTyped<T, 2, W4a16Form::kNarrow>(params, plan, x, args, stream);
-        case W4a16Form::kNarrow32: return LaunchTyped<T, 2, W4a16Form::kNarrow32>(params, plan, x, args, stream);
-        default: return LaunchTyped<T, 2, W4a16Form::kWide>(params, plan, x, args, stream);
-      }
-    case 4: return LaunchTyped<T, 4, W4a16Form::kWide>(params, plan, x, args, stream);
-    default: return LaunchTyped<T, 8, W4a16Form::kWide>(params, plan, x, args, stream);
+    case 1: return LaunchForm<T, 1>(params, plan, x, args, stream);
+    case 2: return LaunchForm<T, 2>(params, plan, x, args, stream);
+    case 4: return LaunchForm<T, 4>(params, plan, x, args, stream);
+    default: return LaunchForm<T, 8>(params, plan, x, args, stream);
   }
 }
 
