@@ -356,18 +356,16 @@ def test_table_lists_w4a16_plans():
 def test_w4a16_narrow_ctas_serve_small_layers():
     """Narrow CTAs own one warp's rows and all of K: no split-K partials. Narrow32 CTAs (32 rows) wherever N / 32
     of them fit one wave, K has at most 128 atoms and each streams no more rows x columns than a CTA of the
-    wide plan (w4a16_gemm_plan.h: kNarrow32TilesPerWarp). Otherwise the planner's model: a wide launch that
-    splits K pays ~3 us for its partials, a narrow CTA streams its 64 rows and its tokens' X (at half a weight
-    byte) at ~35 KB/us, and a narrow launch pays ~0.03 us a CTA; so 8192-row layers with long K run narrow at
-    a few tokens (their X is small). Narrow CTAs run a k-lane per 4-atom stage up to 8 and two stages of the
-    ring each; every launch past 16 tokens runs wide, and a narrow grid fits one wave."""
+    wide plan (w4a16_gemm_plan.h: kNarrow32TilesPerWarp). Otherwise 64-row narrow CTAs where one wave of them
+    fits and the planner's model (NarrowGainUs) says they beat the wide plan (the next test). Narrow CTAs run a
+    k-lane per 4-atom stage up to 8 and two stages of the ring each; every launch past 16 tokens runs wide."""
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)
     assert (small.form, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == ("narrow32", 18, 1, 1, 6, 7 * 32)
     assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 48, 1, "narrow32", 3, 2, 4 * 32)  # 9 atoms: 3 stages
     assert plan(1, 1024, 1024).k_lanes == 4 and plan(1, 384, 4096) is not None
-    # 4096 rows: 128 narrow32 CTAs; 8192 rows: 256 do not fit, and 128 narrow ones lose to wide in the model.
-    assert plan(1, 4096, 1024).form == "narrow32" and not plan(1, 8192, 1024).narrow
+    # 4096 rows: 128 narrow32 CTAs; 8192 rows: 256 do not fit one wave, 128 narrow ones do; 8512 rows: 133 do not.
+    assert [plan(1, n, 1024).form for n in (4096, 8192, 8512)] == ["narrow32", "narrow", "wide"]
     one_wave = functools.partial(budget.w4a16_launch, 1, 1024, 1024, 64, act_order=False)  # 32 / 16 row tiles
     assert one_wave(num_sms=32).form == "narrow32" and one_wave(num_sms=31).form == "narrow"
     assert one_wave(num_sms=16).narrow and not one_wave(num_sms=15).narrow
@@ -375,8 +373,8 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     benchmark_shapes = ((28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096))
     assert [[plan(m, n, k).form for m in (1, 2, 4, 8, 16)] for n, k in benchmark_shapes] == [
         ["whole"] * 4 + ["wide"],  # 448 row tiles: more than one wave
-        ["narrow"] * 3 + ["whole", "wide"],
-        ["narrow"] * 2 + ["wide"] * 3,
+        ["narrow"] * 3 + ["whole", "wide"],  # kNarrowOverWholeMaxTokens
+        ["narrow"] * 4 + ["wide"],  # kNarrowTwoTileMaxAtoms
         ["narrow32"] * 5,
     ]
     # k-lanes take runs of 2 atoms when K <= 8192 (two lanes per stage: a shorter last stage), else whole stages
@@ -398,12 +396,36 @@ def test_w4a16_narrow32_ctas_stream_no_more_than_a_wide_cta():
 
     assert launch(1, 4096, 4096) == ("narrow32", 128, 1, 8, 2)
     assert launch(16, 4096, 8192) == ("narrow32", 128, 1, 8, 2)  # wide: 16 tiles of 256 rows in 8 splits of 16 atoms
-    assert launch(1, 4224, 4096)[:2] == ("narrow32", 132) and launch(1, 4256, 4096)[0] == "wide"  # one wave
-    assert launch(1, 4096, 4096, num_sms=114)[0] == "wide"  # an H100 PCIe
+    assert launch(1, 4224, 4096)[:2] == ("narrow32", 132) and launch(1, 4256, 4096)[0] == "narrow"  # one wave
+    # An H100 PCIe: 128 narrow32 CTAs do not fit one wave; 64 narrow ones stream as much as the busiest SM of
+    # the wide plan (128 CTAs, two on 14 SMs).
+    assert launch(1, 4096, 4096, num_sms=114)[0] == "narrow"
     assert launch(1, 4096, 8320)[0] == "wide"  # 130 atoms
     assert launch(1, 4096, 14336)[0] == "wide"  # wide CTAs of 256 rows x 16 atoms (measured: narrow32 lost)
     assert launch(1, 128, 8192)[0] == "wide"  # one wide tile of 128 rows in 8 splits: 16 atoms a CTA
     assert launch(1, 256, 8192)[:2] == ("narrow32", 8)  # 256 rows in 8 splits: as many bytes a CTA
+
+
+def test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_streams_as_much():
+    """64-row narrow CTAs replace a wide plan where one wave of them fits and the model (NarrowGainUs) says
+    they save time: the wide plan's busiest SM streams about as many weight bytes and pays its splits
+    (w4a16_gemm_plan.h). Every line below was measured on the H200 (session 27, benchmarks/NOTES.md)."""
+    def forms(n, k, tokens=(1, 4, 8, 16), num_sms=132):
+        return [budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=num_sms).form for m in tokens]
+
+    # The same bytes on the busiest SM as a wide pair in 8 splits: narrow won 0.3-1.9 us at 1-8 tokens.
+    for n, k in ((6144, 4096), (8192, 2048), (7168, 4096), (5120, 4096), (8192, 1024)):
+        assert forms(n, k) == ["narrow"] * 4
+    # From K = 6144 up two token tiles stay wide (kNarrowTwoTileMaxAtoms: 16 tokens lost 0.3-2.2 us).
+    for n, k in ((5120, 8192), (7168, 8192), (8192, 6144), (8192, 12288)):
+        assert forms(n, k)[1:] == ["narrow"] * 2 + ["wide"]
+    # A narrow CTA streaming 1.33-1.56x the busiest wide SM's bytes lost 1.0-3.1 us.
+    assert forms(6144, 12288) == forms(5120, 14336) == forms(6144, 14336) == ["wide"] * 4
+    # Against whole-SM CTAs only up to kNarrowOverWholeMaxTokens (8 x 8192 x 28672: whole 35.7 us, narrow 36.9).
+    assert forms(8192, 28672, tokens=(4, 5, 8)) == ["narrow", "whole", "whole"]
+    # One wave or nothing: 8512 rows are 133 narrow CTAs; an H100 PCIe (114 SMs) fits 7168 rows, not 8192.
+    assert forms(8512, 4096) == ["wide"] * 4
+    assert forms(7168, 4096, num_sms=114) == ["narrow"] * 4 and forms(8192, 4096, num_sms=114) == ["wide"] * 4
 
 
 def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
@@ -445,7 +467,7 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_one_token_tile():
     assert launch(9, 28672, 8192)[0] == "wide"  # two token tiles (measured: no gain at 16 tokens)
     assert launch(1, 14336, 4096)[0] == "wide"  # 8 splits of 8 atoms (measured: a loss)
     assert launch(1, 8192, 28672)[0] == "narrow"
-    assert launch(4, 8192, 8192)[0] == "wide"   # 6 splits of 21 atoms at best (measured: a loss)
+    assert launch(4, 8192, 8192)[0] == "narrow"  # one wave of narrow CTAs, as many bytes as a wide pair
     assert launch(1, 28672, 8192, num_sms=114) == ("whole", 12, 38, 3)  # an H100 PCIe: 114 CTAs
     # The idle-SM bound: 18432 rows make 32 tiles of 9 warps in 4 splits, 128 CTAs.
     assert launch(1, 18432, 8192) == ("whole", 9, 32, 4)
@@ -463,20 +485,18 @@ def test_w4a16_workspace_follows_the_launch_plan():
     assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=True, num_sms=132) == partials + gather
     # More SMs, more splits, more partials; shapes the kernel does not serve: -1.
     assert budget.w4a16_workspace_bytes(1, 28672, 8192, 128, act_order=False, num_sms=264) > partials
-    # 8192 x 4096 at one token: 64 atoms, so at most 8 splits (kMaxShortSplits: fewer than 16 atoms each):
-    # 32 column tiles of 4 warps x 4 m16 tiles in 8 splits. 4096 x 4096 runs narrow32 CTAs: no partials.
-    assert budget.w4a16_workspace_bytes(1, 8192, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * 32
+    # 14336 x 4096 at one token: 64 atoms, so at most 8 splits (kMaxShortSplits: fewer than 16 atoms each):
+    # 32 column tiles of 7 warps x 4 m16 tiles in 8 splits. 4096 x 4096 runs narrow32 CTAs: no partials.
+    assert budget.w4a16_workspace_bytes(1, 14336, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 7 * 4 * 32
     assert budget.w4a16_workspace_bytes(1, 4096, 4096, 128, act_order=False, num_sms=132) == 0
     # 4096 x 4096 at 64 tokens: at most 4 splits (kMaxSplitsAt64Tokens: their 64 KB partials are summed by one
     # CTA), so 32 column tiles of 4 warps x 2 m16 tiles x 8 token tiles -> 128 CTAs.
     assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32
     # Up to 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplits). 8192² (128
-    # atoms): 32 column tiles of 4 warps x 4 m16 tiles in 8 splits, not 16 tiles of 8 warps in 16;
-    # 8192 x 28672 (448 atoms) at 16 tokens: 16 tiles of 8 warps in 16 splits of 28 atoms; at 8 whole-SM CTAs,
-    # 11 tiles of 12 warps in 12 splits of 37 atoms. At one token both run narrow: no partials.
-    for m, m_tiles in ((8, 1), (16, 2)):
-        square = budget.w4a16_workspace_bytes(m, 8192, 8192, 128, act_order=False, num_sms=132)
-        assert square == 16 * 32 * 8 * 4 * 4 * m_tiles * 32
+    # atoms) at 16 tokens: 32 column tiles of 4 warps x 4 m16 tiles x 2 token tiles in 8 splits, not 16 tiles
+    # of 8 warps in 16; 8192 x 28672 (448 atoms) at 16 tokens: 16 tiles of 8 warps in 16 splits of 28 atoms; at
+    # 8 whole-SM CTAs, 11 tiles of 12 warps in 12 splits of 37 atoms. At one token both run narrow: no partials.
+    assert budget.w4a16_workspace_bytes(16, 8192, 8192, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * 2 * 32
     long_k = functools.partial(budget.w4a16_workspace_bytes, n=8192, k=28672, group_size=128, act_order=False, num_sms=132)
     assert long_k(16) == 16 * 16 * 16 * 8 * 4 * 2 * 32
     assert long_k(8) == 16 * 11 * 12 * 12 * 4 * 1 * 32

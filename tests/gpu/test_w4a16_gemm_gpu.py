@@ -139,7 +139,7 @@ def test_every_group_size_with_act_order(group_size):
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, group_size != 64, dtype, True, True)
 
 
-@pytest.mark.parametrize("n, form", [(4256, "narrow"), (8224, "wide")], ids=["narrow", "wide"])
+@pytest.mark.parametrize("n, form", [(4256, "narrow"), (8480, "wide")], ids=["narrow", "wide"])
 def test_rows_not_a_multiple_of_a_warps_tiles(n, form):
     """N % 64 == 32: up to 16 tokens a warp of a narrow or wide CTA owns four m16 tiles (64 rows), so the last
     warp holds only one valid pair of tiles (it loads that pair twice and stores it once)."""
@@ -160,19 +160,21 @@ def test_every_token_tile(m):
 
 
 def test_leading_dims_and_small_split_k():
-    """x (..., K): the leading dims are flattened; 8192 x 4096 runs split-K over 8 CTAs per column tile
+    """x (..., K): the leading dims are flattened; 14336 x 4096 runs split-K over 8 CTAs per column tile
     (the plan for 6 tokens on 132 SMs)."""
-    assert budget.w4a16_launch(6, 8192, 4096, 64, act_order=False, num_sms=_num_sms()).splits == 8
+    assert budget.w4a16_launch(6, 14336, 4096, 64, act_order=False, num_sms=_num_sms()).splits == 8
     x = activations((2, 3), 4096, BF16)
-    run_and_compare(x, 8192, 4096, 64, True, BF16, False, True)
+    run_and_compare(x, 14336, 4096, 64, True, BF16, False, True)
 
 
 def test_split_k_counters_are_rearmed():
     """Nothing zeroes the split-K arrival counters before a launch (csrc/common/arrival_counters.h): each
     launch must leave them at 0. Runs the same split-K call sites on new data each time (a counter left
     armed would skip or misplace a tile's reduction), then reads every counter back."""
+    split_calls = ((1, 14336, 4096), (16, 8192, 8192), (3, 8480, 1024))
+    assert all(budget.w4a16_launch(m, n, k, 64, act_order=False, num_sms=_num_sms()).splits > 1 for m, n, k in split_calls)
     for seed in range(3):
-        for m, n, k in ((1, 8192, 4096), (16, 8192, 8192), (3, 8224, 1024)):
+        for m, n, k in split_calls:
             run_and_compare(activations((m,), k, BF16, seed=seed), n, k, 64, seed % 2 == 1, BF16, False, True)
     assert _library.armed_arrival_counters() == 0
 

@@ -15,7 +15,7 @@
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
 // per SM gets a deeper ring. Whole-SM plans (one token tile, long splits: PlanW4a16Launch): one CTA per SM
 // of up to kMaxWholeWarps row warps, the two CTAs of a pair merged into one ring. Narrow plans (up to 16
-// tokens: small layers, and up to 132 x 64 rows with long K at a few tokens; see kMaxNarrowLanes): one warp's
+// tokens, layers of up to num_sms x 64 rows; PlanW4a16Launch says when, kMaxNarrowLanes how): one warp's
 // rows (narrow32 plans: half a warp's, kNarrow32TilesPerWarp), stages of kNarrowStageAtoms atoms (the X part
 // one 3-D box of the M token rows), one CTA per SM.
 #pragma once
@@ -232,21 +232,34 @@ constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // shapes in session 18: benchmarks/NOTES.md). So the planner counts them (PlanW4a16Launch).
 constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4)) * 128; }
 
-// Narrow or wide: the planner's time model (us), fit to measurements on the H200 (JAX-level). A wide launch
-// streams all the weights at kWideBytesPerUs and pays kSplitUs when it splits K (the partials' stores, release,
-// arrival and the last CTA's loads); a narrow CTA streams its 64 rows' weights and its M x K of X (L2 hits,
-// counted at kNarrowXByteWeight of a weight byte) at kNarrowBytesPerUsPerSm, and a narrow launch pays
-// kNarrowUs plus kNarrowUsPerCta a CTA more than an unsplit wide one; a narrow grid must fit one wave.
-// Session 15: 1 x 28672 x 8192 streamed 121 MB in ~32 us of a 37.5 us call; 1 x 128 x 512 split in two took
-// 5.4 us, 1 x 32 x 64 unsplit 2.5; at K = 1024 one token took 4.4 / 5.5 / 7.1 us on 32 / 64 / 132 narrow CTAs.
-// Session 16 (X boxes of M rows), narrow against wide, us: 8192² 14.0 / 14.7 at M = 1, 14.5 / 14.8 at 4,
-// 15.8 / 15.3 at 8; 8192 x 28672 36.1 / 36.7 at 1, 37.7 / 37.3 at 8; 4096 x 1024 4.9 / 5.7 at 8.
-inline constexpr double kWideBytesPerUs = 3.8e6;
-inline constexpr double kNarrowBytesPerUsPerSm = 3.5e4;
-inline constexpr double kNarrowXByteWeight = 0.5;
-inline constexpr double kSplitUs = 3.0;
-inline constexpr double kNarrowUs = 0.3;
-inline constexpr double kNarrowUsPerCta = 0.027;
+// Narrow (64 rows) or wide: a narrow CTA streams its rows' weights and pays no split-K round trips (the
+// partials' stores, release, arrival and the last CTA's loads). The model (us), fit to session 27's
+// measurements (benchmarks/NOTES.md): both forms stream kStreamBytesPerUsPerSm into an SM, so the wide plan's
+// time follows its busiest SM; a narrow launch costs kNarrowSavingUs less than an unsplit wide one, and every
+// split of the wide plan kSplitUsPerSplit more. Measured wide -> narrow forced, us at M = 1 / 4 / 8 / 16:
+// 6144 x 4096 8.9 / 9.1 / 9.6 / 12.0 -> 8.1 / 8.3 / 8.6 / 11.5, 5120 x 8192 14.0 / 14.0 / 14.5 / 18.4 -> 12.5 / 12.6 /
+// 12.6 / 18.0, 7168 x 8192 14.2 / 14.3 / 14.7 / 18.5 -> 13.0 / 13.3 / 14.0 / 18.8, 8192 x 2048 6.9 / 7.0 / 7.4 / 9.4
+// -> 6.4 / 6.7 / 7.0 / 7.9 (same bytes on the busiest SM, 8 splits); where a narrow CTA streams 1.33-1.56x the
+// busiest wide SM's bytes it lost (6144 x 12288 16.3 -> 17.3, 5120 x 14336 16.2 -> 19.3 at M = 1).
+// With two token tiles the narrow CTA's X (as many bytes as its weights at 16 tokens) costs more than the
+// model counts: from K = 6144 up 16 tokens lost (8192 x 6144 15.3 -> 16.1, 8192² 18.7 -> 19.5, 8192 x 12288
+// 24.7 -> 26.9), hence kNarrowTwoTileMaxAtoms. Against whole-SM plans (long K) narrow CTAs won at up to 4
+// tokens and lost at 8 (8 x 8192 x 28672: whole 35.7, narrow 36.9; session 25), hence kNarrowOverWholeMaxTokens.
+// Checked on layers outside the fit (4608 x 3072, 6144 x 1536, 8192 x 512, 5120 x 2048, 7168 x 12288, 8448 x
+// 4096): 0.1-2.1 us faster, no cell slower. Cells it gets wrong: 8192² at 8 tokens (15.0 -> 15.6), 8192 x 4096
+// at 16 (12.0 -> 12.2); 4608 x 8192 and 5120 x 8192 at 16 (narrow 0.3 us faster, not taken).
+inline constexpr double kStreamBytesPerUsPerSm = 28.5e3;
+inline constexpr double kNarrowSavingUs = 0.3;
+inline constexpr double kSplitUsPerSplit = 0.15;
+inline constexpr int64_t kNarrowTwoTileMaxAtoms = 64;
+inline constexpr int kNarrowOverWholeMaxTokens = 4;
+
+// Modeled us a narrow launch saves against the wide plan, from the weight rows x atoms of a narrow CTA and
+// of the wide plan's busiest SM.
+constexpr double NarrowGainUs(int64_t narrow_row_atoms, int64_t wide_sm_row_atoms, int wide_splits) {
+  const double extra_bytes = static_cast<double>(narrow_row_atoms - wide_sm_row_atoms) * kAtomCols / 2;
+  return kNarrowSavingUs + kSplitUsPerSplit * wide_splits - extra_bytes / kStreamBytesPerUsPerSm;
+}
 
 // A narrow CTA's k-lanes: as many as leave two stages of the ring to every lane, and no more than K's stages
 // (with short runs too: a lane per run cost 1024² at 16 tokens 4.7 -> 5.0 us, session 17).
@@ -327,35 +340,33 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
         WarpRows(plan.m_tiles, W4a16Form::kNarrow32) * atoms <= wide_cta_rows * CeilDiv(atoms, plan.splits)) {
       return narrow32;
     }
-    const W4a16Launch narrow64 = narrow(W4a16Form::kNarrow);
-    const int64_t narrow_tiles = narrow64.n_tiles;
-    const double narrow_bytes = static_cast<double>(p.k) * (WarpRows(plan.m_tiles) / 2 + kNarrowXByteWeight * 2 * p.m);
-    const double narrow_us = narrow_bytes / kNarrowBytesPerUsPerSm + kNarrowUs +
-                             kNarrowUsPerCta * static_cast<double>(narrow_tiles * plan.m_blocks);
-    const double wide_us = static_cast<double>(p.n) * static_cast<double>(p.k) / 2 / kWideBytesPerUs +
-                           (plan.splits > 1 ? kSplitUs : 0.0);
-    if (narrow_tiles * plan.m_blocks <= num_sms && narrow_us < wide_us) {
-      plan = narrow64;
-    } else if (plan.m_tiles == 1) {
-      // Whole-SM CTAs (kWholeMinAtomsPerSplit): more than kMaxWarps row warps, the most CTAs up to one per SM;
-      // ties go to more warps.
-      W4a16Launch whole = plan;
-      int64_t whole_ctas = 0;
-      for (int warps = kMaxWholeWarps; warps > kMaxWarps; --warps) {
-        const auto [n_tiles, tiles, splits] = grid(warps, num_sms);
-        if (tiles * splits > whole_ctas) {
-          whole_ctas = tiles * splits;
-          whole.warps = warps;
-          whole.n_tiles = static_cast<int>(n_tiles);
-          whole.splits = static_cast<int>(splits);
-        }
-      }
-      if (whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
-          CeilDiv(atoms, whole.splits) >= kWholeMinAtomsPerSplit) {
-        whole.form = W4a16Form::kWhole;
-        plan = whole;
+    // Whole-SM CTAs (kWholeMinAtomsPerSplit): more than kMaxWarps row warps, the most CTAs up to one per SM;
+    // ties go to more warps.
+    W4a16Launch whole = plan;
+    whole.form = W4a16Form::kWhole;
+    int64_t whole_ctas = 0;
+    for (int warps = kMaxWholeWarps; warps > kMaxWarps && plan.m_tiles == 1; --warps) {
+      const auto [n_tiles, tiles, splits] = grid(warps, num_sms);
+      if (tiles * splits > whole_ctas) {
+        whole_ctas = tiles * splits;
+        whole.warps = warps;
+        whole.n_tiles = static_cast<int>(n_tiles);
+        whole.splits = static_cast<int>(splits);
       }
     }
+    const bool whole_fits = whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
+                            CeilDiv(atoms, whole.splits) >= kWholeMinAtomsPerSplit;
+    // Narrow (64 rows): one wave, and faster than the wide plan in NarrowGainUs's model.
+    const W4a16Launch narrow64 = narrow(W4a16Form::kNarrow);
+    if (int64_t{narrow64.n_tiles} * plan.m_blocks <= num_sms &&
+        (plan.m_tiles == 1 || atoms <= kNarrowTwoTileMaxAtoms) && (!whole_fits || p.m <= kNarrowOverWholeMaxTokens) &&
+        NarrowGainUs(WarpRows(plan.m_tiles) * atoms,
+                     CeilDiv(int64_t{plan.n_tiles} * plan.m_blocks * plan.splits, num_sms) * wide_cta_rows *
+                         CeilDiv(atoms, plan.splits),
+                     plan.splits) > 0) {
+      return narrow64;
+    }
+    if (whole_fits) return whole;
   }
   return plan;
 }
