@@ -44,9 +44,9 @@
 // Whole-SM CTAs (one token tile, long splits: the planner's rule in w4a16_gemm_plan.h): the same code with one
 // CTA per SM of up to 16 row warps, where a wide plan would put two CTAs of up to 8 (1 x 28672 x 8192: 128 CTAs
 // of 14 warps, not 256 of 7); the pair's warps share one ring and end together.
-// Narrow CTAs (up to 16 tokens, where the planner in w4a16_gemm_plan.h picks them: small layers, whose stream
-// does not hide a split's ~3 us of round trips, and layers of up to 132 x 64 rows with long K at a few
-// tokens): one CTA per SM owns one warp's 64 rows (narrow32: 32, two m16 tiles, for layers of up to 132 x 32
+// Narrow CTAs (up to 16 tokens, layers of up to num_sms x 64 rows, where the planner in w4a16_gemm_plan.h
+// picks them: a narrow CTA streams about as much as the wide plan's busiest SM and pays no split-K round
+// trips): one CTA per SM owns one warp's 64 rows (narrow32: 32, two m16 tiles, for layers of up to 132 x 32
 // rows with K <= 8192, twice the CTAs) and all of K. Roles: k-lanes (up to 8 warps, the
 // same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 2 with K <= 8192, so that two lanes
 // share a stage and the last one is computed in half the time) and a producer warp; at the end the lanes'
