@@ -99,6 +99,16 @@ def _device_clock(after: jax.Array) -> jax.Array:
     return jax.ffi.ffi_call(DEVICE_CLOCK, jax.ShapeDtypeStruct((2,), jnp.uint32))(after)
 
 
+STREAM_PEER = "jax_w4a4_stream_peer"
+
+
+def stream_peer(x: jax.Array) -> jax.Array:
+    """A plain kernel moving act_quant's main bytes (csrc/kernels/stream_peer.cu): reads ``x`` (bf16 /
+    fp16, 2 bytes a value) and writes the high byte of each value (1 byte a value, as act_quant's q codes).
+    Needs the library on a GPU: ``_library.register_tool_target(STREAM_PEER)`` says whether it is there."""
+    return jax.ffi.ffi_call(STREAM_PEER, jax.ShapeDtypeStruct(x.shape, jnp.uint8))(x)
+
+
 def _time_on_device(fn: Callable, input_sets: Sequence[tuple], *, calls: int, trials: int) -> float:
     chain = _chain(fn, input_sets, calls, clock=_device_clock)
     times = []

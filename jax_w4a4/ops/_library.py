@@ -25,9 +25,13 @@ CUDA_KERNELS: dict[str, str] = {
 }
 
 
-# FFI targets that are not ops: the device clock the benchmarks time chains of kernels with
-# (benchmarks/harness.py). Target name -> exported handler symbol.
-TOOL_TARGETS: dict[str, str] = {"jax_w4a4_device_clock": "JaxW4a4DeviceClock"}
+# FFI targets that are not ops, for the benchmarks: the device clock they time chains of kernels with
+# (benchmarks/harness.py) and the stream peer, a plain kernel moving act_quant's bytes
+# (benchmarks/bench_act_quant.py). Target name -> exported handler symbol.
+TOOL_TARGETS: dict[str, str] = {
+    "jax_w4a4_device_clock": "JaxW4a4DeviceClock",
+    "jax_w4a4_stream_peer": "JaxW4a4StreamPeer",
+}
 
 
 def target_name(op: str) -> str:
