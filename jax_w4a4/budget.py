@@ -1,6 +1,8 @@
 """The CUDA kernels' shared-memory plans, solved at compile time, as Python sees them (W4A4 GEMM, act_quant, w4a16 GEMM).
 
-    python -m jax_w4a4.budget          # prints every plan the kernels instantiate
+    python -m jax_w4a4.budget                    # prints every plan the kernels instantiate
+    python -m jax_w4a4.budget w4a16 1 8192 4096  # how one w4a16 call of that shape is launched
+    python -m jax_w4a4.budget act_quant 4096 4096 --rank 32
 
 The plans live in host-compilable C++ headers (``csrc/kernels/sm90/*_plan.h``) that the kernels
 static_assert; ``libjax_w4a4_budget.so`` (host-only, built on every machine) exposes them here, so the
@@ -335,5 +337,77 @@ def w4a4_workspace_bytes(m: int, n: int, k: int, *, num_sms: int) -> int:
     return int(_load().JaxW4a4W4a4WorkspaceBytes(m, n, k, num_sms))
 
 
+def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> str:
+    """How one w4a16 GEMM call is launched, in words: the form, the grid, the rows and K of a CTA, the
+    workspace (what ``python -m jax_w4a4.budget w4a16 M N K`` prints)."""
+    head = f"w4a16_gemm M={m} N={n} K={k} group {group_size}{' act-order' if act_order else ''} on {num_sms} SMs"
+    plan = w4a16_launch(m, n, k, group_size, act_order=act_order, num_sms=num_sms)
+    if plan is None:
+        return f"{head}: not served (N a multiple of 32, K of 64 and of the group, M >= 1)"
+    ctas = plan.m_blocks * plan.n_tiles * plan.splits
+    rows = 64 if plan.form == "narrow" else 32 if plan.form == "narrow32" else None
+    if rows is not None:
+        work = (f"{rows} rows and all of K a CTA, {plan.k_lanes} k-lanes in runs of {plan.lane_atoms} atoms "
+                f"and a producer warp: no split-K")
+    else:
+        rows = plan.warps * (64 if plan.m_tiles <= 2 else 32)
+        work = (f"{plan.warps} row warps ({rows} rows) a CTA, K in {plan.splits} split(s) of "
+                f"{-(-(k // 64) // plan.splits)} atoms")
+    workspace = w4a16_workspace_bytes(m, n, k, group_size, act_order=act_order, num_sms=num_sms)
+    return (f"{head}: {plan.form} plan, {8 * plan.m_tiles}-token tile\n"
+            f"  {ctas} CTAs ({plan.m_blocks} token block(s) x {plan.n_tiles} column tiles x {plan.splits} split(s)) "
+            f"of {plan.threads} threads\n  {work}\n  workspace {workspace} bytes")
+
+
+def describe_act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> str:
+    """How one act_quant call is launched, in words (what ``python -m jax_w4a4.budget act_quant ROWS K``
+    prints)."""
+    from jax_w4a4.ops import checks  # not at import: jax_w4a4.ops imports this module
+
+    if rows < 1:
+        checks.fail("budget", f"rows must be at least 1, got {rows}")
+    checks.multiple_of("budget", "K", k, 64, " (act_quant's int4 group; fp8 needs 128)")
+    checks.rank("budget", "rank", rank)
+    plan = act_quant_launch(rows, k, rank, num_sms=num_sms)
+    return (f"act_quant rows={rows} K={k} rank {rank} on {num_sms} SMs: instance of {plan.block_rows} rows, "
+            f"rank cap {plan.rank_cap}\n  {plan.row_blocks * plan.k_splits} CTAs ({plan.row_blocks} row blocks x "
+            f"{plan.k_splits} K split(s)), {plan.arrival_counters} arrival counters, workspace "
+            f"{plan.workspace_bytes} bytes")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m jax_w4a4.budget``: every compiled plan; with ``w4a16 M N K`` or ``act_quant ROWS K``, how one
+    call of that shape is launched (planned for the GPU's SMs, or ``--num-sms``)."""
+    import argparse
+
+    from jax_w4a4.ops import _library
+
+    parser = argparse.ArgumentParser(prog="python -m jax_w4a4.budget", description=main.__doc__)
+    parser.add_argument("--num-sms", type=int, default=None, help="SMs to plan for (default: the GPU's, else 132)")
+    ops = parser.add_subparsers(dest="op")
+    w4a16 = ops.add_parser("w4a16", help="the launch plan of one w4a16 GEMM call")
+    for name in ("m", "n", "k"):
+        w4a16.add_argument(name, type=int)
+    w4a16.add_argument("--group-size", type=int, default=128, help="32, 64, 128 or K (default 128)")
+    w4a16.add_argument("--act-order", action="store_true")
+    act = ops.add_parser("act_quant", help="the launch plan of one act_quant call")
+    act.add_argument("rows", type=int)
+    act.add_argument("k", type=int)
+    act.add_argument("--rank", type=int, default=32)
+    args = parser.parse_args(argv)
+    num_sms = _library.cuda_sm_count() if args.num_sms is None else args.num_sms
+    if num_sms < 1:
+        parser.error(f"--num-sms must be at least 1, got {num_sms}")
+    try:
+        if args.op == "w4a16":
+            print(describe_w4a16_launch(args.m, args.n, args.k, args.group_size, act_order=args.act_order, num_sms=num_sms))
+        elif args.op == "act_quant":
+            print(describe_act_quant_launch(args.rows, args.k, args.rank, num_sms=num_sms))
+        else:
+            print(table(), end="")
+    except ValueError as error:
+        parser.error(str(error))
+
+
 if __name__ == "__main__":
-    print(table(), end="")
+    main()

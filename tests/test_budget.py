@@ -528,3 +528,27 @@ def test_w4a4_stream_k_workspace_follows_the_launch_plan():
     assert budget.w4a4_workspace_bytes(65, 28672, 8192, num_sms=132) == 0
     assert budget.w4a4_workspace_bytes(1, 128, 128, num_sms=132) == 0
     assert budget.w4a4_workspace_bytes(0, 28672, 8192, num_sms=132) == 0
+
+
+def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
+    """`python -m jax_w4a4.budget w4a16 M N K` / `act_quant ROWS K`: how one call is launched, planned for
+    --num-sms; shapes the kernels do not serve are said so, bad arguments are an error naming the argument."""
+    budget.main(["--num-sms", "132", "w4a16", "1", "8192", "4096"])
+    out = capsys.readouterr().out
+    assert "narrow plan" in out and "128 CTAs" in out and "8 k-lanes in runs of 2 atoms" in out and "workspace 0 bytes" in out
+    budget.main(["--num-sms", "132", "w4a16", "16", "28672", "8192"])
+    out = capsys.readouterr().out
+    assert "wide plan, 16-token tile" in out and "256 CTAs" in out and "7 row warps (448 rows)" in out
+    assert "4 split(s) of 32 atoms" in out and "workspace 7340032 bytes" in out
+    budget.main(["--num-sms", "132", "w4a16", "1", "100", "4096"])
+    assert "not served" in capsys.readouterr().out
+    budget.main(["--num-sms", "132", "act_quant", "4096", "4096"])
+    assert "512 CTAs (64 row blocks x 8 K split(s))" in capsys.readouterr().out
+    for argv, message in ((["act_quant", "4096", "100"], "K must be a multiple of 64"),
+                          (["act_quant", "4096", "4096", "--rank", "17"], "rank (the low-rank rank r)"),
+                          (["--num-sms", "0", "w4a16", "1", "4096", "4096"], "--num-sms must be at least 1")):
+        with pytest.raises(SystemExit):
+            budget.main(argv)
+        assert message in capsys.readouterr().err
+    budget.main([])
+    assert capsys.readouterr().out == budget.table()
