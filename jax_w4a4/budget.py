@@ -345,13 +345,12 @@ def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order:
     if plan is None:
         return f"{head}: not served (N a multiple of 32, K of 64 and of the group, M >= 1)"
     ctas = plan.m_blocks * plan.n_tiles * plan.splits
-    rows = 64 if plan.form == "narrow" else 32 if plan.form == "narrow32" else None
-    if rows is not None:
-        work = (f"{rows} rows and all of K a CTA, {plan.k_lanes} k-lanes in runs of {plan.lane_atoms} atoms "
+    warp_rows = w4a16_plan(plan.m_tiles, form=plan.form).tiles_per_warp * 16  # m16 tiles
+    if plan.narrow:
+        work = (f"{warp_rows} rows and all of K a CTA, {plan.k_lanes} k-lanes in runs of {plan.lane_atoms} atoms "
                 f"and a producer warp: no split-K")
     else:
-        rows = plan.warps * (64 if plan.m_tiles <= 2 else 32)
-        work = (f"{plan.warps} row warps ({rows} rows) a CTA, K in {plan.splits} split(s) of "
+        work = (f"{plan.warps} row warps ({plan.warps * warp_rows} rows) a CTA, K in {plan.splits} split(s) of "
                 f"{-(-(k // 64) // plan.splits)} atoms")
     workspace = w4a16_workspace_bytes(m, n, k, group_size, act_order=act_order, num_sms=num_sms)
     return (f"{head}: {plan.form} plan, {8 * plan.m_tiles}-token tile\n"
