@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer over small GPU test cases that reach every kernel instance: act_quant (row blocks, K
-# splits), w4a16 (narrow CTAs in runs of 2 atoms, split-K, mma.sync and wgmma token tiles, act-order gather)
+# splits), w4a16 (narrow CTAs in runs of 2 atoms, their K-split clusters, split-K, mma.sync and wgmma token tiles, act-order gather)
 # and w4a4 (the 8- to 128-token tiles, stream-K, the 2-CTA cluster with a phantom column tile, the expanded
 # weights of long prefills). The large shapes stay out: instrumented kernels run 10-100x slower. Run on the
 # GPU machine with build/libjax_w4a4.so built or carried:
@@ -25,6 +25,7 @@ mkdir -p "$logs"
 CASE_GROUPS=(
   "act_quant:(test_matches_reference and K3072 and (M1- or M7- or M333-)) or test_k_multiple_of_64 or test_split_counters_are_rearmed or (test_rank_buckets and 333 and int4)"
   "w4a16_gemm:test_narrow_ctas"
+  "w4a16_gemm:test_narrow_k_split_clusters and not 28672 and not 12288"
   "w4a16_gemm:test_every_token_tile"
   "w4a16_gemm:test_rows_not_a_multiple or test_leading_dims_and_small_split_k"
   "w4a16_gemm:test_every_group_size_with_act_order and (32 or 64)"

@@ -235,8 +235,9 @@ class W4a16Plan:
     (``stage_atoms`` 64-wide K atoms) 512 B of prepacked weights per atom and m16 tile (wide: 8 warps x
     ``tiles_per_warp`` tiles; narrow: one warp's), the X tile of each atom (128-byte swizzled rows, the wgmma
     B operand) and the scales and zero points of the stage's groups (up to two an atom), one TMA box each,
-    with a full and an empty mbarrier; fixed: 1 KB of slack that aligns the base to the swizzle atom;
-    ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see ``W4A16_FORMS``): "wide"; "whole", one CTA
+    with a full and an empty mbarrier; fixed: 1 KB of slack that aligns the base to the swizzle atom and,
+    narrow, ``cluster_sum_bytes``: the slots where the other CTAs of a K-split cluster put their accumulators
+    (up to 3 warps' worth) and their mbarrier; ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see ``W4A16_FORMS``): "wide"; "whole", one CTA
     per SM of up to 16 row warps (the one-token tile); "narrow" (the mma.sync token tiles), one CTA per SM
     whose k-lanes share one warp's rows (4 m16 tiles, 64 rows), fed by a producer warp; "narrow32", the same
     with 2 m16 tiles (32 rows)."""
@@ -256,12 +257,13 @@ class W4a16Plan:
     stage_bytes: int
     ring_bytes: int
     barrier_bytes: int
+    cluster_sum_bytes: int
     total_bytes: int
     per_sm_bytes: int
     fits: bool
 
 
-_W4A16_FIELDS = 16
+_W4A16_FIELDS = 17
 W4A16_FORMS = ("wide", "whole", "narrow", "narrow32")  # W4a16Form in csrc/kernels/sm90/w4a16_gemm_plan.h, in its order
 
 
@@ -270,7 +272,9 @@ class W4a16Launch:
     """The launch plan of one w4a16 GEMM (PlanW4a16Launch): ``m_blocks`` x ``n_tiles`` x ``splits`` CTAs of
     ``threads`` threads, of plan ``form`` (``w4a16_plan(m_tiles, form=form)``); wide and whole-SM CTAs own
     ``warps`` warps' rows, narrow and narrow32 ones one warp's rows shared by ``k_lanes`` warps, each
-    computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole: 1)."""
+    computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole: 1). ``splits`` cuts K: wide and whole
+    through workspace partials that a tile's last CTA sums; narrow, as one cluster of ``splits`` CTAs whose
+    accumulators rank 0 adds from its shared memory (no workspace)."""
 
     m_tiles: int
     m_blocks: int
@@ -346,9 +350,13 @@ def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order:
         return f"{head}: not served (N a multiple of 32, K of 64 and of the group, M >= 1)"
     ctas = plan.m_blocks * plan.n_tiles * plan.splits
     warp_rows = w4a16_plan(plan.m_tiles, form=plan.form).tiles_per_warp * 16  # m16 tiles
-    if plan.narrow:
+    if plan.narrow and plan.splits == 1:
         work = (f"{warp_rows} rows and all of K a CTA, {plan.k_lanes} k-lanes in runs of {plan.lane_atoms} atoms "
                 f"and a producer warp: no split-K")
+    elif plan.narrow:
+        work = (f"{warp_rows} rows and {-(-(k // 64) // plan.splits)} atoms of K a CTA, {plan.k_lanes} k-lanes in runs "
+                f"of {plan.lane_atoms} atoms and a producer warp; clusters of {plan.splits} CTAs add through "
+                f"shared memory")
     else:
         work = (f"{plan.warps} row warps ({plan.warps * warp_rows} rows) a CTA, K in {plan.splits} split(s) of "
                 f"{-(-(k // 64) // plan.splits)} atoms")

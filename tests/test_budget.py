@@ -300,7 +300,12 @@ def _check_w4a16_plan(p, max_stages):
     assert p.stage_bytes == p.stage_weight_bytes + p.stage_x_bytes + p.stage_scale_bytes
     assert p.ring_bytes == p.stages * p.stage_bytes
     assert p.barrier_bytes == p.stages * 2 * 8  # a full and an empty mbarrier per stage
-    assert p.total_bytes == p.ring_bytes + p.barrier_bytes + 1024  # + slack to align the swizzle atoms
+    # narrow: the slots of 3 other CTAs of a K-split cluster (a warp's fp32 accumulators: 32 lanes x tiles x
+    # 4 x m_tiles) and their mbarrier, padded to 16 bytes
+    warp_sums = 32 * p.tiles_per_warp * 4 * p.m_tiles * 4
+    assert p.cluster_sum_bytes == (3 * warp_sums + 16 if p.form in ("narrow", "narrow32") else 0)
+    # + slack to align the swizzle atoms
+    assert p.total_bytes == p.ring_bytes + p.barrier_bytes + p.cluster_sum_bytes + 1024
     assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)
     assert p.fits and 4 <= p.stages <= max_stages
     assert p.total_bytes <= budget.SMEM_PER_BLOCK and p.per_sm_bytes <= budget.SMEM_PER_SM
@@ -324,7 +329,8 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
 
 def test_w4a16_narrow_plans_add_up_fit_and_are_tight():
     """Narrow CTAs (8 and 16 tokens): one per SM, one warp's 64 rows (narrow32: 32), stages of 4 atoms (8 KB of
-    weights, narrow32 4 KB: one TMA box), up to 8 k-lanes and a producer warp."""
+    weights, narrow32 4 KB: one TMA box), up to 8 k-lanes and a producer warp; the K-split cluster's sums fit
+    beside the ring without costing it a stage (the stage counts are those from before the clusters)."""
     for form, tiles, stages in (("narrow", 4, [16, 12]), ("narrow32", 2, [25, 17])):
         for m_tiles in (1, 2):
             p = budget.w4a16_plan(m_tiles, form=form)
@@ -400,9 +406,12 @@ def test_w4a16_narrow32_ctas_stream_no_more_than_a_wide_cta():
     # An H100 PCIe: 128 narrow32 CTAs do not fit one wave; 64 narrow ones stream as much as the busiest SM of
     # the wide plan (128 CTAs, two on 14 SMs).
     assert launch(1, 4096, 4096, num_sms=114)[0] == "narrow"
-    assert launch(1, 4096, 8320)[0] == "wide"  # 130 atoms
-    assert launch(1, 4096, 14336)[0] == "wide"  # wide CTAs of 256 rows x 16 atoms (measured: narrow32 lost)
-    assert launch(1, 128, 8192)[0] == "wide"  # one wide tile of 128 rows in 8 splits: 16 atoms a CTA
+    assert launch(1, 4096, 8320)[:3] == ("narrow", 64, 2)  # 130 atoms: too long for narrow32; 64-row clusters of 2
+    # Narrow32 CTAs of 224 atoms (measured: lost to the wide plan's CTAs of 256 rows x 16 atoms); 64-row narrow
+    # CTAs in clusters of 2 stream 112 atoms each instead (test_w4a16_narrow_k_split_clusters).
+    assert launch(1, 4096, 14336)[:3] == ("narrow", 64, 2)
+    # One wide tile of 128 rows in 8 splits of 16 atoms; narrow32 clusters of 4 give a CTA 32 rows x 32 atoms.
+    assert launch(1, 128, 8192)[:3] == ("narrow32", 4, 4)
     assert launch(1, 256, 8192)[:2] == ("narrow32", 8)  # 256 rows in 8 splits: as many bytes a CTA
 
 
@@ -430,6 +439,40 @@ def test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_streams_as_much():
     assert forms(7168, 4096, num_sms=114) == ["narrow"] * 4 and forms(8192, 4096, num_sms=114) == ["wide"] * 4
 
 
+def test_w4a16_narrow_k_split_clusters():
+    """Where fewer narrow CTAs than SMs own all the rows, each row tile's K is split over a cluster of 2 or 4
+    CTAs that add through shared memory: the largest cluster whose CTAs fit one wave (clusters of 4 hold 120
+    of the H200's 132 SMs) and keep at least 16 atoms each. No workspace. Measured on the H200 (session 28,
+    benchmarks/NOTES.md), us at M = 1 / 16."""
+    def launch(m, n, k, num_sms=132, group_size=128):
+        p = budget.w4a16_launch(m, n, k, group_size, act_order=False, num_sms=num_sms)
+        return p.form, p.n_tiles, p.splits
+
+    def workspace(m, n, k):
+        return budget.w4a16_workspace_bytes(m, n, k, 128, act_order=False, num_sms=132)
+
+    # Unsplit narrow32 (32 CTAs) -> clusters of 2: 1024 x 4096 6.4 / 7.0 -> 5.3 / 5.9, 2048 x 8192 9.8 / 11.4 ->
+    # 7.2 / 8.7, 1536 x 8192 9.8 / 11.2 -> 7.1 / 8.0. 32 clusters of 4 would need a second wave (7.9 / 8.6 us).
+    for m in (1, 16):
+        assert launch(m, 1024, 4096) == ("narrow32", 32, 2) and workspace(m, 1024, 4096) == 0
+        assert launch(m, 2048, 8192) == ("narrow32", 64, 2) and launch(m, 1536, 8192) == ("narrow32", 48, 2)
+        # 16 clusters of 4: 512 x 4096 6.1 / 6.8 (unsplit) -> 5.1 / 5.4 (2) -> 4.3 / 4.7 (4).
+        assert launch(m, 512, 4096) == ("narrow32", 16, 4)
+        # Wide -> narrow32 clusters of 2: 1024 x 14336 11.8 / 15.2 -> 9.8 / 10.8.
+        assert launch(m, 1024, 14336) == ("narrow32", 32, 2)
+    # Wide -> 64-row narrow clusters of 2 at one token tile: 4096 x 14336 15.0 -> 12.3, 3072 x 14336 14.8 -> 12.0,
+    # 4096 x 28672 22.6 -> 20.0; 16 tokens stay wide (kNarrowTwoTileMaxAtoms, per CTA).
+    for n, k in ((4096, 14336), (3072, 14336), (4096, 28672)):
+        assert launch(1, n, k) == ("narrow", n // 64, 2) and workspace(1, n, k) == 0
+        assert launch(16, n, k)[0] == "wide"
+    # At least 16 atoms a CTA: 1024² (8 a CTA in clusters of 2) lost 0.2-0.3 us, 576 x 1536 (12) did not gain.
+    assert launch(1, 1024, 1024) == ("narrow32", 32, 1) and launch(16, 576, 1536) == ("narrow32", 18, 1)
+    assert launch(1, 1024, 2048) == ("narrow32", 32, 2)
+    # Per-channel scales split like any group; the other SM counts scale the cluster slots (an H100 PCIe).
+    assert launch(1, 1024, 4096, group_size=4096) == ("narrow32", 32, 2)
+    assert launch(1, 512, 4096, num_sms=114) == ("narrow32", 16, 4) and launch(1, 1024, 4096, num_sms=114)[2] == 2
+
+
 def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
     """Up to 16 tokens a wide CTA launches whole warpgroups and its warps without rows run the loop, so the
     planner counts launched warps; a split's reduction (the last CTA reads every split's partials, a round
@@ -439,14 +482,13 @@ def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
         p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
         return p.warps, p.n_tiles, p.splits
 
-    shapes = ((1, 6144, 12288), (16, 8192, 14336), (16, 4096, 28672), (1, 4096, 28672), (1, 16384, 3072),
-              (1, 11008, 11008))
+    # (1 x 4096 x 28672, measured here too, now runs narrow clusters: test_w4a16_narrow_k_split_clusters.)
+    shapes = ((1, 6144, 12288), (16, 8192, 14336), (16, 4096, 28672), (1, 16384, 3072), (1, 11008, 11008))
     cells = {shape: grid(*shape) for shape in shapes}
     assert cells == {
         (1, 6144, 12288): (4, 24, 11),   # was 5 warps (launched as 8) x 20 tiles x 12 splits: 21.1 -> 16.3 us
         (16, 8192, 14336): (4, 32, 8),   # was 6 (8) x 22 x 12: 32.0 -> 28.1 us
         (16, 4096, 28672): (4, 16, 16),  # was 6 (8) x 11 x 24: 34.5 -> 29.2 us
-        (1, 4096, 28672): (4, 16, 16),   # was 6 (8) x 11 x 24: 26.1 -> 22.8 us
         (1, 16384, 3072): (4, 64, 4),    # was 6 (8) x 43 x 6; 8 x 32 x 8 at 40 %: 12.8-13.0 -> 11.7 us
         (1, 11008, 11008): (4, 43, 6),   # was 6 (8) x 29 x 9; 7 (8) x 25 x 10 at 40 %: 24.3-24.4 -> 22.8-22.9 us
     }

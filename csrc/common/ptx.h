@@ -50,4 +50,37 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
+// ---- clusters (sm_90)
+
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every CTA of the cluster, in step (.aligned: the whole warp executes it).
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// ClusterSync's two halves, for threads that arrive early and wait late (not .aligned: a divergent warp's
+// threads may reach them at different times). Every thread arrives once and waits once.
+__device__ __forceinline__ void ClusterArriveRelease() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void ClusterWaitAcquire() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+
+// The address of `addr` (this CTA's shared memory) in CTA `cta` of the cluster.
+__device__ __forceinline__ uint32_t MapSharedToCta(uint32_t addr, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(cta));
+  return remote;
+}
+
+// 16 bytes into another CTA's shared memory (addresses from MapSharedToCta), counted as complete_tx bytes
+// on that CTA's mbarrier `remote_bar`: the receiver waits on its barrier, not on the sender.
+__device__ __forceinline__ void StoreAsyncRemote(uint32_t remote_addr, float4 v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+               ::"r"(remote_addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(remote_bar)
+               : "memory");
+}
+
 }  // namespace jax_w4a4::ptx

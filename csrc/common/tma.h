@@ -1,6 +1,6 @@
 // mbarriers and TMA tile loads shared by the sm90 GEMMs (one definition per instruction form), and the
-// host-side tensor-map encoding both launchers use. Cluster-only forms (remote arrivals, multicast) stay
-// in w4a4_gemm.cu, the one kernel that runs clusters.
+// host-side tensor-map encoding both launchers use. Multicast loads and remote arrivals stay in
+// w4a4_gemm.cu, the one kernel that uses them; the cluster barriers and remote stores are in common/ptx.h.
 #pragma once
 
 #include <cuda.h>          // CUtensorMap and its enums (types only; libcuda is reached through the runtime)

@@ -179,10 +179,15 @@ def test_split_k_counters_are_rearmed():
     assert _library.armed_arrival_counters() == 0
 
 
-@pytest.mark.parametrize("n, k, narrow", [(8192, 8192, False), (1536, 576, True)], ids=["split-k", "narrow"])
-def test_reductions_are_deterministic(n, k, narrow):
-    """Split-K sums its partials in split order (arrival counters), narrow CTAs their k-lanes' in lane order."""
-    assert budget.w4a16_launch(16, n, k, 64, act_order=True, num_sms=_num_sms()).narrow == narrow
+@pytest.mark.parametrize(
+    "n, k, narrow, splits", [(8192, 8192, False, 8), (1536, 576, True, 1), (512, 4096, True, 4)],
+    ids=["split-k", "narrow", "narrow-cluster"],
+)
+def test_reductions_are_deterministic(n, k, narrow, splits):
+    """Split-K sums its partials in split order (arrival counters), narrow CTAs their k-lanes' in lane order and
+    a narrow K-split cluster its ranks' in rank order."""
+    plan = budget.w4a16_launch(16, n, k, 64, act_order=True, num_sms=_num_sms())
+    assert (plan.narrow, plan.splits) == (narrow, splits)
     _, packed, scales, zeros, g_idx, bias = weights(n, k, 64, True, FP16, True)
     x = activations((16,), k, FP16)
     first = np.asarray(_kernel(x, packed, scales, zeros, g_idx, bias, group_size=64))
@@ -191,9 +196,9 @@ def test_reductions_are_deterministic(n, k, narrow):
         np.testing.assert_array_equal(again.view(np.uint16), first.view(np.uint16))
 
 
-NARROW_CASES = {  # (n, k, group size, zero points, dtype) that the planner runs narrow at 1, 5 and 16 tokens
-    "narrow32": ((96, 576, 32, True, BF16), (1056, 1024, -1, False, FP16), (1056, 1024, 128, False, BF16),
-                 (608, 1536, 64, True, FP16)),
+NARROW_CASES = {  # (n, k, group size, zero points, dtype) that the planner runs narrow and unsplit at 1, 5 and 16 tokens
+    "narrow32": ((96, 576, 32, True, BF16), (2144, 1024, -1, False, FP16), (2144, 1024, 128, False, BF16),
+                 (2208, 1536, 64, True, FP16)),
     "narrow": ((4256, 576, 32, True, FP16), (4320, 1024, -1, False, BF16), (4320, 1024, 128, True, FP16)),
 }
 
@@ -208,8 +213,36 @@ def test_narrow_ctas(form, m):
     for n, k, group_size, zero_point, dtype in NARROW_CASES[form]:
         size = k if group_size == -1 else group_size
         plan = budget.w4a16_launch(m, n, k, size, act_order=False, num_sms=_num_sms())
-        assert plan.form == form and plan.lane_atoms == 2
+        assert plan.form == form and plan.lane_atoms == 2 and plan.splits == 1
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, False, True)
+
+
+# (n, k, group size, zero points, dtype, act-order, tokens) -> the narrow form and the K-split cluster it runs
+CLUSTER_CASES = {
+    (1024, 4096, 128, False, BF16, False, 1): ("narrow32", 2),  # 32 clusters of 4 would not fit one wave
+    (1024, 4096, 32, True, FP16, True, 16): ("narrow32", 2),
+    (512, 4096, 64, True, BF16, False, 16): ("narrow32", 4),
+    (608, 4160, 64, True, FP16, False, 5): ("narrow32", 4),  # 65 atoms: ranks of 16, 16, 16 and 17
+    (1056, 2304, 128, True, BF16, False, 1): ("narrow32", 2),  # 18 atoms a rank: a partial last stage
+    (1056, 2048, -1, False, FP16, False, 16): ("narrow32", 2),  # per channel: the split cuts the group
+    (4096, 28672, 128, True, BF16, False, 1): ("narrow", 2),  # 224 atoms a CTA: runs of whole stages
+    (4064, 12288, 64, False, FP16, True, 5): ("narrow", 2),  # N % 64 == 32
+}
+
+
+@pytest.mark.parametrize("case", list(CLUSTER_CASES), ids=lambda c: f"{c[0]}x{c[1]}-g{c[2]}-m{c[6]}")
+def test_narrow_k_split_clusters(case):
+    """Narrow CTAs whose row tile's K is split over a cluster of 2 or 4 CTAs (rank 0 adds the others'
+    accumulators from its shared memory): uneven and group-cutting splits, every group size, both zero-point
+    modes, act-order, 1 to 16 tokens."""
+    n, k, group_size, zero_point, dtype, act_order, m = case
+    size = k if group_size == -1 else group_size
+    plan = budget.w4a16_launch(m, n, k, size, act_order=act_order, num_sms=_num_sms())
+    assert (plan.form, plan.splits) == CLUSTER_CASES[case]
+    assert budget.w4a16_workspace_bytes(m, n, k, size, act_order=act_order, num_sms=_num_sms()) == (
+        2 * m * k if act_order else 0
+    )
+    run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, act_order, True)
 
 
 @pytest.mark.parametrize("m", [1, 8])

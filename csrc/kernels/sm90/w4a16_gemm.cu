@@ -51,7 +51,11 @@
 // same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 2 with K <= 8192, so that two lanes
 // share a stage and the last one is computed in half the time) and a producer warp; at the end the lanes'
 // accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No
-// workspace, no arrival counter.
+// workspace, no arrival counter. K-split clusters (where fewer row tiles than SMs: W4a16Launch::splits): the
+// CTAs of a row tile form one cluster of 2 or 4, each with its share of K in whole runs; after the lanes' sum,
+// k-lane 0 of rank r > 0 stores its accumulators into rank 0's cluster-sum slot r - 1 (st.async, counted on
+// rank 0's mbarrier, which the cluster barrier after __syncthreads published) and exits; rank 0 waits for the
+// bytes, adds the slots in rank order (deterministic) and stores Y.
 //
 // Pipelines (wide: the warps compute, one thread also produces; narrow: a producer warp; no __syncthreads
 // in the loop):
@@ -87,8 +91,9 @@
 //   = 103504 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 108624 B (16: 8 warps x 4 tiles,
 //     5 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM);
 //   whole-SM (M_tile 8: 16 warps x 4 tiles, 1 CTA/SM): 200784 B, 5 stages of 39936 B;
-//   narrow (stages of 4 atoms of 64 rows, 1 CTA/SM): 222464 B (M_tile 8: 16 stages of 13824 B),
-//     216256 B (16: 12 stages of 17920 B); the lanes' sums reuse the ring.
+//   narrow (stages of 4 atoms of 64 rows, 1 CTA/SM): 228624 B (M_tile 8: 16 stages of 13824 B),
+//     228560 B (16: 12 stages of 17920 B), each with 6160 / 12304 B of cluster sums (3 slots of a warp's
+//     accumulators and their mbarrier) past the ring; the lanes' sums reuse the ring.
 //
 // Measured limits (benchmarks/NOTES.md, session 11): the ring alone (every warp releases each stage
 // unread) streams 1 x 28672 x 8192 in 32.1 us (3.78 TB/s) and 8192² in 14.4 us; with the arithmetic
@@ -146,8 +151,14 @@ struct Config {
   static constexpr int kScaleRingOffset = kXRingOffset + kStages * kStageXBytes;
   static constexpr int kStageZerosOffset = kStageGroups * kBlockRows * kScaleBytes;
   static constexpr int kBarrierOffset = kScaleRingOffset + kStages * kStageScaleBytes;  // full[kStages], empty[kStages]
+  // Narrow: the cluster sums, slot r - 1 for rank r of a K-split cluster (a warp's accumulators as float4, lane
+  // fastest), then their mbarrier.
+  static constexpr int kWarpSumBytes = 32 * kTilesPerWarp * 4 * kMTiles * 4;
+  static constexpr int kClusterSumOffset = kBarrierOffset + kPlan.barrier_bytes;
+  static constexpr int kClusterBarrierOffset = kClusterSumOffset + (kMaxNarrowCluster - 1) * kWarpSumBytes;
   // + the slack that aligns the dynamic base to the 1 KB swizzle atom
-  static constexpr int kSmemBytes = kBarrierOffset + kPlan.barrier_bytes + budget::kSwizzledAlign;
+  static constexpr int kSmemBytes =
+      kBarrierOffset + kPlan.barrier_bytes + kPlan.cluster_sum_bytes + budget::kSwizzledAlign;
 
   static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kBlockM <= kMaxTokensPerBlock);
@@ -165,6 +176,11 @@ struct Config {
                 "TMA destinations of the scales and zero points");
   static_assert(kBarrierOffset % budget::kMbarrierBytes == 0, "aligned mbarriers");
   static_assert(kPlan.barrier_bytes == 2 * kStages * budget::kMbarrierBytes, "a full and an empty barrier per stage");
+  static_assert(kPlan.cluster_sum_bytes ==
+                    (kNarrow ? kClusterBarrierOffset - kClusterSumOffset + 2 * budget::kMbarrierBytes : 0),
+                "narrow: the cluster sums and their barrier");
+  static_assert(kClusterSumOffset % 16 == 0 && kClusterBarrierOffset % budget::kMbarrierBytes == 0,
+                "16-byte st.async slots, an aligned mbarrier");
   static_assert(kStageWeightBytes + kStageXBytes + kStageScaleBytes < (1 << 20), "mbarrier tx-count range");
 };
 
@@ -376,8 +392,9 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   const int n0 = tile * block_rows;
   const int m0 = m_block * Cfg::kBlockM;
   const int rows_m = min(Cfg::kBlockM, p.m - m0);
-  const int atom_begin = static_cast<int>(static_cast<int64_t>(split) * p.atoms / p.splits);
-  const int atom_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.atoms / p.splits);
+  const int split_granule = kNarrow ? kNarrowShortRunAtoms : 1;  // narrow: stages start on 128-wide groups
+  const int atom_begin = SplitAtomBegin(split, p.splits, p.atoms, split_granule);
+  const int atom_end = SplitAtomBegin(split + 1, p.splits, p.atoms, split_granule);
   const int num_atoms = atom_end - atom_begin;
   // m16 tiles of this warp inside N: 0 or a multiple of 2 (N % 32 == 0). Tiles past N arrive as the TMA's
   // zeros and are never stored.
@@ -426,13 +443,21 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
     if (kZeroPoints) tma::TmaLoad2d(tm_zeros, scale_stage + Cfg::kStageZerosOffset, full, n0 / 4, group);
   };
 
+  // Narrow K-split cluster (p.splits CTAs, rank = split): rank 0's cluster-sum barrier expects the other
+  // ranks' accumulators (st.async bytes). Its initialization reaches them through the cluster barrier: every
+  // thread arrives after __syncthreads and waits before the main loop (the producer lane after its loop).
+  const bool cluster_split = kNarrow && p.splits > 1;
+  const uint32_t cluster_sums = smem_base + Cfg::kClusterSumOffset;
+  const uint32_t cluster_barrier = smem_base + Cfg::kClusterBarrierOffset;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::MbarInit(full_barrier(s), 1);                // the producer's arrive.expect_tx, then the bytes
       // an arrival per warp that reads it (narrow: per run)
       tma::MbarInit(empty_barrier(s), kNarrow ? Cfg::kStageAtoms / kLaneAtoms : launched_warps);
     }
+    if (cluster_split && split == 0) tma::MbarInit(cluster_barrier, 1);
     tma::FenceMbarInit();
+    if (cluster_split && split == 0) tma::MbarArriveExpectTx(cluster_barrier, (p.splits - 1) * Cfg::kWarpSumBytes);
   }
   if (producer) {
     tma::TmaPrefetch(tm_w);
@@ -441,6 +466,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
     if (kZeroPoints) tma::TmaPrefetch(tm_zeros);
   }
   __syncthreads();  // the barriers are initialized
+  if (cluster_split) ptx::ClusterArriveRelease();
   if (!kNarrow && producer) {
     for (int i = 0; i < kStages - 1 && i < num_atoms; ++i) issue_stage(i, i);
   }
@@ -479,6 +505,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
       }
     }
   }
+  if (cluster_split) ptx::ClusterWaitAcquire();  // rank 0's cluster-sum barrier is initialized
   const int first_atom = kNarrow && warp == k_lanes ? num_atoms : k_lane * kLaneAtoms;
   auto next_atom = [&](int i) {
     return !kNarrow || (i + 1) % kLaneAtoms != 0 ? i + 1 : i + 1 + (k_lanes - 1) * kLaneAtoms;
@@ -624,7 +651,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   }
 
   // ---- narrow: the k-lanes' accumulators, added in lane order through shared memory (the ring's bytes:
-  // every stage has been issued, and waited for by its k-lane)
+  // every stage has been issued, and waited for by its k-lane); in a K-split cluster, then the ranks' sums,
+  // added by rank 0 in rank order
   if constexpr (kNarrow) {
     constexpr int kVecs = kTiles * kFrag / 4;
     float4* lane_sums = reinterpret_cast<float4*>(smem);
@@ -649,10 +677,36 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
         a[3] += s.w;
       }
     }
+    if (cluster_split) {
+      static_assert(Cfg::kWarpSumBytes == kVecs * 32 * 16, "a slot: float4 v of lane l at 512 v + 16 l");
+      const uint32_t lane_sum = lane * 16;
+      if (split > 0) {  // into rank 0's slot split - 1, then done (rank 0 waits for the bytes, not for us)
+        const uint32_t slot = ptx::MapSharedToCta(cluster_sums + (split - 1) * Cfg::kWarpSumBytes + lane_sum, 0);
+        const uint32_t remote_barrier = ptx::MapSharedToCta(cluster_barrier, 0);
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          const float* a = &acc[v / (kFrag / 4)][4 * (v % (kFrag / 4))];
+          ptx::StoreAsyncRemote(slot + v * 512, make_float4(a[0], a[1], a[2], a[3]), remote_barrier);
+        }
+        return;
+      }
+      tma::MbarWait(cluster_barrier, 0);
+      for (int r = 1; r < p.splits; ++r) {
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          const uint4 s = LoadShared128(cluster_sums + (r - 1) * Cfg::kWarpSumBytes + v * 512 + lane_sum);
+          float* a = &acc[v / (kFrag / 4)][4 * (v % (kFrag / 4))];
+          a[0] += __uint_as_float(s.x);
+          a[1] += __uint_as_float(s.y);
+          a[2] += __uint_as_float(s.z);
+          a[3] += __uint_as_float(s.w);
+        }
+      }
+    }
   }
 
   // ---- split-K: fragment-order partials, the last CTA of the tile sums them in split order
-  if (p.splits > 1) {
+  if (!kNarrow && p.splits > 1) {
     // Lane quad c holds tokens 2c, 2c + 1 of each token tile. With one token tile, only the quads that
     // hold a token < M are stored and summed (M = 1: a quarter of the bytes; the others hold padding
     // tokens, which the epilogue never stores), packed in fragment order.
@@ -815,9 +869,20 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
       status != cudaSuccess) {
     return status;
   }
-  const dim3 grid(plan.n_tiles * plan.splits, plan.m_blocks);
-  kernel<<<grid, W4a16LaunchThreads(plan), kSmem, stream>>>(tm_w, tm_x, tm_scales, tm_zeros, params);
-  return cudaGetLastError();
+  // Narrow K-split: the splits of a row tile (consecutive blocks) form one cluster, rank = split.
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kNarrow ? plan.splits : 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(plan.n_tiles * plan.splits, plan.m_blocks);
+  config.blockDim = dim3(W4a16LaunchThreads(plan));
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = kNarrow && plan.splits > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_scales, tm_zeros, params);
 }
 
 // The instance of plan.form for one token tile: narrow forms for the mma.sync tiles, whole-SM for the one-token

@@ -17,7 +17,8 @@
 // of up to kMaxWholeWarps row warps, the two CTAs of a pair merged into one ring. Narrow plans (up to 16
 // tokens, layers of up to num_sms x 64 rows; PlanW4a16Launch says when, kMaxNarrowLanes how): one warp's
 // rows (narrow32 plans: half a warp's, kNarrow32TilesPerWarp), stages of kNarrowStageAtoms atoms (the X part
-// one 3-D box of the M token rows), one CTA per SM.
+// one 3-D box of the M token rows), one CTA per SM; past the ring, the cluster sums: the slots where the
+// other CTAs of a K-split cluster (kMaxNarrowCluster) put their accumulators, and their mbarrier.
 #pragma once
 
 #include <algorithm>
@@ -51,7 +52,9 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide p
 //   kNarrow    one CTA of one warp's rows (4 m16 tiles, 64 rows), K shared by k-lanes (mma.sync token tiles;
 //              see kMaxNarrowLanes).
 //   kNarrow32  the same with 2 m16 tiles a warp (32 rows): twice the CTAs, for layers of up to num_sms x 32
-//              rows with K of up to kNarrowShortKAtoms atoms (see kNarrow32TilesPerWarp).
+//              rows with K of up to kNarrowShortKAtoms atoms a CTA (see kNarrow32TilesPerWarp).
+//   Both narrow forms may split K over a cluster of CTAs (W4a16Launch::splits, kMaxNarrowCluster) that add
+//   their accumulators through distributed shared memory.
 enum class W4a16Form : int { kWide = 0, kWhole = 1, kNarrow = 2, kNarrow32 = 3 };
 constexpr bool IsNarrow(W4a16Form form) { return form == W4a16Form::kNarrow || form == W4a16Form::kNarrow32; }
 inline constexpr int kMaxWholeWarps = 16;               // 128 registers a thread, as two wide CTAs of 8 warps
@@ -85,6 +88,20 @@ inline constexpr int kNarrowShortRunAtoms = 2;
 inline constexpr int kNarrowShortKAtoms = 128;
 static_assert(kNarrowStageAtoms % kNarrowShortRunAtoms == 0 && kNarrowShortRunAtoms * kAtomCols % 128 == 0);
 inline constexpr int kMaxNarrowStages = 32;
+// Narrow K-split clusters: where fewer narrow CTAs than SMs own all the rows, the CTAs of a row tile split K
+// as one cluster of 2 or 4 (W4a16Launch::splits): every CTA but rank 0 stores its lane-0 accumulators into
+// rank 0's cluster-sum slots (st.async, counted on rank 0's mbarrier) and exits; rank 0 adds them in rank order
+// (deterministic) and stores Y. No workspace, no arrival counter, no global round trip: the ~3 us of a split-K
+// launch's partials (session 15) were what kept narrow CTAs unsplit, one per row tile, so layers with few rows
+// left most SMs idle (1 x 1024 x 4096: 32 CTAs of 64 KB) or went wide (1 x 4096 x 14336: 14 splits). A cluster
+// costs ~0.5 us (its launch, the cluster barrier, the sums), so each CTA keeps kNarrowClusterMinAtoms atoms.
+// The ranks split K in whole runs of kNarrowShortRunAtoms (SplitAtomBegin): a stage then starts on a 128-wide
+// group and holds at most two, as many as its scale box loads. Session 28 (benchmarks/NOTES.md), us at M = 1 / 16,
+// unsplit -> clusters of 2: 1024 x 4096 6.4 / 7.0 -> 5.3 / 5.9, 2048 x 8192 9.8 / 11.4 -> 7.2 / 8.7, 1024 x 14336
+// (wide) 11.8 / 15.2 -> 9.8 / 10.8, 4096 x 14336 (wide) 15.0 -> 12.3 at M = 1; 512 x 4096 6.1 -> 5.1 (2) -> 4.3 (4);
+// with 8 atoms a CTA 1024² lost (3.7 / 4.1 -> 3.9 / 4.4), with 12 576 x 1536 did not gain (4.1 / 4.6 -> 4.1 / 4.5).
+inline constexpr int kMaxNarrowCluster = 4;
+inline constexpr int kNarrowClusterMinAtoms = 4 * kNarrowStageAtoms;
 // Narrow32 CTAs (kNarrow32TilesPerWarp m16 tiles, 32 rows): where N / 32 CTAs fit one wave and K has at most
 // kNarrowShortKAtoms atoms, the wide planner cannot give a CTA fewer bytes to stream unless N is below 256:
 // its CTAs own at least 4 warps x 64 rows and split K at most kMaxShortSplits ways, 256 x K / 8 = 32 x K. So a
@@ -111,6 +128,7 @@ struct W4a16Plan {
   int stage_bytes;
   int ring_bytes;
   int barrier_bytes;    // a full and an empty mbarrier per stage
+  int cluster_sum_bytes;  // narrow: kMaxNarrowCluster - 1 slots of a warp's accumulators, and their mbarrier
   int total_bytes;      // dynamic shared memory per CTA
   int per_sm_bytes;     // ctas_per_sm x (total + the driver's reservation)
 
@@ -137,7 +155,11 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles, W4a16Form form = W4a16Form::kWid
   p.stage_scale_bytes = p.stage_atoms * kMaxGroupsPerAtom * p.block_rows * (kScaleBytes + kZeroBytes);
   p.stage_bytes = p.stage_weight_bytes + p.stage_x_bytes + p.stage_scale_bytes;
   const int per_cta = static_cast<int>(budget::kSmemPerSmSm90 / p.ctas_per_sm - budget::kSmemReservedPerCtaSm90);
-  const int fixed = static_cast<int>(budget::kSwizzledAlign);
+  // A warp's accumulators: 32 lanes x tiles x (4 x m_tiles) floats.
+  const int warp_accumulator_bytes = 32 * p.tiles_per_warp * 4 * m_tiles * 4;
+  p.cluster_sum_bytes =
+      narrow ? (kMaxNarrowCluster - 1) * warp_accumulator_bytes + static_cast<int>(2 * budget::kMbarrierBytes) : 0;
+  const int fixed = static_cast<int>(budget::kSwizzledAlign) + p.cluster_sum_bytes;
   const int stage_barrier_bytes = static_cast<int>(2 * budget::kMbarrierBytes);
   const int fit = (per_cta - fixed) / (p.stage_bytes + stage_barrier_bytes);
   const int max_stages = narrow ? kMaxNarrowStages : kMaxStages;
@@ -204,7 +226,7 @@ struct W4a16Launch {
   int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (whole: ..kMaxWholeWarps; W4a16Threads launches
                  // whole warpgroups); narrow: 1
   int n_tiles;
-  int splits;    // split-K factor
+  int splits;    // split-K factor; narrow: the CTAs of a K-split cluster (1: no cluster)
   W4a16Form form;  // the CTAs' plan: SolveW4a16Plan(m_tiles, form); narrow: k_lanes warps share one warp's rows
   int k_lanes;   // 1, or a narrow CTA's computing warps
   int lane_atoms;  // narrow: the atoms of a k-lane's runs (kNarrowShortRunAtoms or a stage); wide: 1
@@ -268,6 +290,33 @@ constexpr int NarrowKLanes(int stages, int64_t atoms) {
   return static_cast<int>(std::max<int64_t>(1, lanes));
 }
 
+// The first atom of split `split` of `splits` over `atoms` atoms, in whole granules of atoms (wide: 1; narrow
+// clusters: kNarrowShortRunAtoms), as even as they come; split `splits` gives `atoms`.
+constexpr int SplitAtomBegin(int64_t split, int64_t splits, int64_t atoms, int64_t granule) {
+  return static_cast<int>(std::min(atoms, split * CeilDiv(atoms, granule) / splits * granule));
+}
+constexpr int64_t MaxSplitAtoms(int64_t atoms, int64_t splits, int64_t granule) {
+  return std::min(atoms, CeilDiv(CeilDiv(atoms, granule), splits) * granule);
+}
+
+// CTAs of clusters of `cluster` one-CTA-per-SM CTAs that are resident at once. A cluster runs inside one GPC:
+// on the H200 (132 SMs) cudaOccupancyMaxActiveClusters gives 66 clusters of 2 and 30 of 4 (120 CTAs); other SM
+// counts are scaled from it (a wrong count only costs a second wave, never a result).
+constexpr int64_t NarrowClusterSlots(int cluster, int num_sms) {
+  return cluster == 2 ? num_sms / 2 * 2 : int64_t{num_sms} * 120 / 132 / cluster * cluster;
+}
+
+// The K-split cluster of a narrow launch of `ctas` row tiles over `atoms` atoms: the largest of
+// kMaxNarrowCluster, ..., 2 whose clusters fit one wave and leave each CTA kNarrowClusterMinAtoms; else 1.
+constexpr int NarrowClusterSize(int64_t ctas, int64_t atoms, int num_sms) {
+  for (int cluster = kMaxNarrowCluster; cluster > 1; cluster /= 2) {
+    if (ctas * cluster <= NarrowClusterSlots(cluster, num_sms) && atoms >= cluster * kNarrowClusterMinAtoms) {
+      return cluster;
+    }
+  }
+  return 1;
+}
+
 // One wave over the SMs, as little work per SM as possible: the time of a memory-bound wave is the
 // largest CTA's bytes over its share of the SM's bandwidth, and an SM with fewer than
 // kSaturatingWarpsPerSm warps gets a proportionally smaller share (it cannot hide the latency). Up to 16
@@ -322,22 +371,27 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   plan.k_lanes = 1;
   plan.lane_atoms = 1;
   if (mma_sync) {
-    // A narrow launch of `form`: one row tile per CTA, all of K, k-lanes in runs of lane_atoms.
+    // A narrow launch of `form`: one row tile per cluster of `splits` CTAs (NarrowClusterSize), each CTA
+    // with 1 / splits of K, k-lanes in runs of lane_atoms.
     const auto narrow = [&](W4a16Form form) {
       W4a16Launch l = plan;
       l.form = form;
       l.warps = 1;
       l.n_tiles = static_cast<int>(CeilDiv(p.n, WarpRows(plan.m_tiles, form)));
-      l.splits = 1;
-      l.lane_atoms = atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
-      l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form).stages, atoms);
+      l.splits = NarrowClusterSize(int64_t{l.n_tiles} * plan.m_blocks, atoms, num_sms);
+      const int64_t cta_atoms = MaxSplitAtoms(atoms, l.splits, kNarrowShortRunAtoms);
+      l.lane_atoms = cta_atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
+      l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form).stages, cta_atoms);
       return l;
     };
-    // Narrow32 (kNarrow32TilesPerWarp): one wave, short K, and no more rows x columns per CTA than the wide plan's.
+    // Narrow32 (kNarrow32TilesPerWarp): one wave, short K a CTA, and no more rows x columns per CTA than the
+    // wide plan's.
     const W4a16Launch narrow32 = narrow(W4a16Form::kNarrow32);
+    const int64_t narrow32_atoms = MaxSplitAtoms(atoms, narrow32.splits, kNarrowShortRunAtoms);
     const int64_t wide_cta_rows = std::min<int64_t>(p.n, int64_t{plan.warps} * WarpRows(plan.m_tiles));
-    if (int64_t{narrow32.n_tiles} * plan.m_blocks <= num_sms && atoms <= kNarrowShortKAtoms &&
-        WarpRows(plan.m_tiles, W4a16Form::kNarrow32) * atoms <= wide_cta_rows * CeilDiv(atoms, plan.splits)) {
+    if (int64_t{narrow32.n_tiles} * plan.m_blocks <= num_sms && narrow32_atoms <= kNarrowShortKAtoms &&
+        WarpRows(plan.m_tiles, W4a16Form::kNarrow32) * narrow32_atoms <=
+            wide_cta_rows * CeilDiv(atoms, plan.splits)) {
       return narrow32;
     }
     // Whole-SM CTAs (kWholeMinAtomsPerSplit): more than kMaxWarps row warps, the most CTAs up to one per SM;
@@ -358,9 +412,11 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
                             CeilDiv(atoms, whole.splits) >= kWholeMinAtomsPerSplit;
     // Narrow (64 rows): one wave, and faster than the wide plan in NarrowGainUs's model.
     const W4a16Launch narrow64 = narrow(W4a16Form::kNarrow);
+    const int64_t narrow64_atoms = MaxSplitAtoms(atoms, narrow64.splits, kNarrowShortRunAtoms);
     if (int64_t{narrow64.n_tiles} * plan.m_blocks <= num_sms &&
-        (plan.m_tiles == 1 || atoms <= kNarrowTwoTileMaxAtoms) && (!whole_fits || p.m <= kNarrowOverWholeMaxTokens) &&
-        NarrowGainUs(WarpRows(plan.m_tiles) * atoms,
+        (plan.m_tiles == 1 || narrow64_atoms <= kNarrowTwoTileMaxAtoms) &&
+        (!whole_fits || p.m <= kNarrowOverWholeMaxTokens) &&
+        NarrowGainUs(WarpRows(plan.m_tiles) * narrow64_atoms,
                      CeilDiv(int64_t{plan.n_tiles} * plan.m_blocks * plan.splits, num_sms) * wide_cta_rows *
                          CeilDiv(atoms, plan.splits),
                      plan.splits) > 0) {
@@ -382,7 +438,7 @@ constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16
   const auto align = [](int64_t bytes) { return budget::AlignUp(bytes, budget::kWorkspaceAlign); };
   W4a16Workspace ws{};
   int64_t offset = 0;
-  if (plan.splits > 1) {
+  if (plan.splits > 1 && !IsNarrow(plan.form)) {  // narrow clusters add through shared memory
     ws.partials = offset;
     offset += align(kPartialBytes * plan.m_blocks * plan.n_tiles * plan.splits * plan.warps *
                     TilesPerWarp(plan.m_tiles, plan.form) * plan.m_tiles * 32);

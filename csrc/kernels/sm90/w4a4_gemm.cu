@@ -442,16 +442,6 @@ struct KernelParams {
 // ---------------------------------------------------------------------------------------------------
 // PTX wrappers.
 
-__device__ __forceinline__ uint32_t ClusterCtaRank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 // Arrive on the barrier at the same offset in CTA `cta` of the cluster (this CTA included).
 __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
   asm volatile(
@@ -1391,7 +1381,7 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
   const Barriers<C> bar{smem + static_cast<uint32_t>(L::kBarriers)};
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const uint32_t cta_rank = C::kCluster > 1 ? ClusterCtaRank() : 0;
+  const uint32_t cta_rank = C::kCluster > 1 ? ptx::ClusterCtaRank() : 0;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
@@ -1423,7 +1413,7 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
     FenceProxyAsync();
   }
   __syncthreads();
-  if constexpr (C::kCluster > 1) ClusterSync();  // the peer's barriers exist before any multicast or arrive
+  if constexpr (C::kCluster > 1) ptx::ClusterSync();  // the peer's barriers exist before any multicast or arrive
 
   if (warp < 4) {
     SetMaxRegistersDec<kProducerRegisters>();
@@ -1447,7 +1437,7 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
     Consume<C, OutT, kFp8Act>(tm_y, p, smem, bar, cta_rank, warp / 4 - 1, threadIdx.x % 128);
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
-  if constexpr (C::kCluster > 1) ClusterSync();
+  if constexpr (C::kCluster > 1) ptx::ClusterSync();
 }
 
 // ---------------------------------------------------------------------------------------------------
