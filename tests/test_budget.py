@@ -460,11 +460,16 @@ def test_w4a16_narrow_k_split_clusters():
         assert launch(m, 512, 4096) == ("narrow32", 16, 4)
         # Wide -> narrow32 clusters of 2: 1024 x 14336 11.8 / 15.2 -> 9.8 / 10.8.
         assert launch(m, 1024, 14336) == ("narrow32", 32, 2)
-    # Wide -> 64-row narrow clusters of 2 at one token tile: 4096 x 14336 15.0 -> 12.3, 3072 x 14336 14.8 -> 12.0,
-    # 4096 x 28672 22.6 -> 20.0; 16 tokens stay wide (kNarrowTwoTileMaxAtoms, per CTA).
-    for n, k in ((4096, 14336), (3072, 14336), (4096, 28672)):
+    # Wide -> 64-row narrow clusters of 2: 4096 x 14336 15.0 / 19.7 -> 12.3 / 17.7, 3072 x 14336 14.8 / 19.5 -> 12.0 /
+    # 17.1, 4096 x 11008 19.7 -> 15.0 at 16 tokens; 4096 x 28672 22.6 -> 20.0 at one token. Two token tiles up to
+    # 128 atoms a clustered CTA (kNarrowClusterTwoTileMaxAtoms; 4096 x 28672's 224 stay wide), 64 unsplit.
+    for n, k in ((4096, 14336), (3072, 14336), (4096, 11008), (4096, 28672)):
         assert launch(1, n, k) == ("narrow", n // 64, 2) and workspace(1, n, k) == 0
-        assert launch(16, n, k)[0] == "wide"
+        assert launch(16, n, k) == (("wide", 16, 16) if k == 28672 else ("narrow", n // 64, 2))
+    # Clusters of 4 of 64-row CTAs, 112 atoms each: 1024 / 1536 x 28672 13.1 / 15.8 -> 11.9 / 12.2 at one token,
+    # 17.7 / 22.5 -> 17.0 / 17.2 at 16.
+    for m in (1, 16):
+        assert launch(m, 1024, 28672) == ("narrow", 16, 4) and launch(m, 1536, 28672) == ("narrow", 24, 4)
     # At least 16 atoms a CTA: 1024² (8 a CTA in clusters of 2) lost 0.2-0.3 us, 576 x 1536 (12) did not gain.
     assert launch(1, 1024, 1024) == ("narrow32", 32, 1) and launch(16, 576, 1536) == ("narrow32", 18, 1)
     assert launch(1, 1024, 2048) == ("narrow32", 32, 2)

@@ -227,6 +227,8 @@ CLUSTER_CASES = {
     (1056, 2048, -1, False, FP16, False, 16): ("narrow32", 2),  # per channel: the split cuts the group
     (4096, 28672, 128, True, BF16, False, 1): ("narrow", 2),  # 224 atoms a CTA: runs of whole stages
     (4064, 12288, 64, False, FP16, True, 5): ("narrow", 2),  # N % 64 == 32
+    (3072, 11008, 64, True, BF16, False, 16): ("narrow", 2),  # two token tiles, 86 atoms a CTA
+    (1536, 28672, 128, False, FP16, False, 9): ("narrow", 4),
 }
 
 

@@ -265,7 +265,10 @@ constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4
 // busiest wide SM's bytes it lost (6144 x 12288 16.3 -> 17.3, 5120 x 14336 16.2 -> 19.3 at M = 1).
 // With two token tiles the narrow CTA's X (as many bytes as its weights at 16 tokens) costs more than the
 // model counts: from K = 6144 up 16 tokens lost (8192 x 6144 15.3 -> 16.1, 8192² 18.7 -> 19.5, 8192 x 12288
-// 24.7 -> 26.9), hence kNarrowTwoTileMaxAtoms. Against whole-SM plans (long K) narrow CTAs won at up to 4
+// 24.7 -> 26.9), hence kNarrowTwoTileMaxAtoms. A CTA of a K-split cluster may stream up to
+// kNarrowClusterTwoTileMaxAtoms: there the wide plans split K 10-28 ways, and at 9 and 16 tokens clusters of 2 and
+// 4 won everywhere measured (session 28, us at M = 16, wide -> cluster): 4096 x 14336 19.7 -> 17.7, 3072 x 14336
+// 19.5 -> 17.1, 4096 x 11008 19.7 -> 15.0, 1536 x 28672 22.5 -> 17.2, 1024 x 28672 17.7 -> 17.0. Against whole-SM plans (long K) narrow CTAs won at up to 4
 // tokens and lost at 8 (8 x 8192 x 28672: whole 35.7, narrow 36.9; session 25), hence kNarrowOverWholeMaxTokens.
 // Checked on layers outside the fit (4608 x 3072, 6144 x 1536, 8192 x 512, 5120 x 2048, 7168 x 12288, 8448 x
 // 4096): 0.1-2.1 us faster, no cell slower. Cells it gets wrong: 8192² at 8 tokens (15.0 -> 15.6), 8192 x 4096
@@ -274,6 +277,7 @@ inline constexpr double kStreamBytesPerUsPerSm = 28.5e3;
 inline constexpr double kNarrowSavingUs = 0.3;
 inline constexpr double kSplitUsPerSplit = 0.15;
 inline constexpr int64_t kNarrowTwoTileMaxAtoms = 64;
+inline constexpr int64_t kNarrowClusterTwoTileMaxAtoms = 128;
 inline constexpr int kNarrowOverWholeMaxTokens = 4;
 
 // Modeled us a narrow launch saves against the wide plan, from the weight rows x atoms of a narrow CTA and
@@ -414,7 +418,8 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     const W4a16Launch narrow64 = narrow(W4a16Form::kNarrow);
     const int64_t narrow64_atoms = MaxSplitAtoms(atoms, narrow64.splits, kNarrowShortRunAtoms);
     if (int64_t{narrow64.n_tiles} * plan.m_blocks <= num_sms &&
-        (plan.m_tiles == 1 || narrow64_atoms <= kNarrowTwoTileMaxAtoms) &&
+        (plan.m_tiles == 1 ||
+         narrow64_atoms <= (narrow64.splits > 1 ? kNarrowClusterTwoTileMaxAtoms : kNarrowTwoTileMaxAtoms)) &&
         (!whole_fits || p.m <= kNarrowOverWholeMaxTokens) &&
         NarrowGainUs(WarpRows(plan.m_tiles) * narrow64_atoms,
                      CeilDiv(int64_t{plan.n_tiles} * plan.m_blocks * plan.splits, num_sms) * wide_cta_rows *
