@@ -20,20 +20,28 @@ python3 -c "import jax, jax_w4a4.ops as o; print('jax', jax.__version__, jax.dev
 
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # One process per test file: a kernel fault poisons its CUDA context, not the other files' runs.
+  # One process per test file, all at once (their time is mostly compiling on the host's cores; each gets a
+  # fifth of the GPU's memory): a kernel fault poisons its own CUDA context, not the other files' runs.
   # The tests fill XLA's pool with NaN poison; CUDA graphs would then have no memory to instantiate in.
   # TEST_XLA_FLAGS="" runs them with XLA's default command buffers (checks CUDA-graph capture).
   # No autotuning: the tests compile a reference dot per shape, and only our kernels are under test.
-  export XLA_FLAGS="${TEST_XLA_FLAGS---xla_gpu_enable_command_buffer=} --xla_gpu_autotune_level=0"
+  start=$SECONDS
+  pids=()
   for test_file in ${TEST_FILES:-tests/gpu/test_*.py}; do
     name=$(basename "$test_file" .py)
-    start=$SECONDS
-    timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu "$test_file" --maxfail=4 -p no:cacheprovider -rf \
-      ${1:+-k "$1"} > "$logs/$name.log" 2>&1
+    XLA_FLAGS="${TEST_XLA_FLAGS---xla_gpu_enable_command_buffer=} --xla_gpu_autotune_level=0" \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu "$test_file" \
+      --maxfail=4 -p no:cacheprovider -rf ${1:+-k "$1"} > "$logs/$name.log" 2>&1 &
+    pids+=("$!:$name")
+  done
+  for entry in "${pids[@]}"; do
+    wait "${entry%%:*}"
     code=$?
     [ $code -eq 0 ] || status=$code
-    echo "== $name (exit $code, $((SECONDS - start)) s)"; grep -E "^(FAILED|ERROR)|passed|failed|^E  .{0,200}$" "$logs/$name.log" | head -12
+    name=${entry#*:}
+    echo "== $name (exit $code)"; grep -E "^(FAILED|ERROR)|passed|failed|^E  .{0,200}$" "$logs/$name.log" | head -12
   done
+  echo "== GPU tests: $((SECONDS - start)) s"
 fi
 shift || true
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

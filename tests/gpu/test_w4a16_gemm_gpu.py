@@ -225,10 +225,10 @@ CLUSTER_CASES = {
     (608, 4160, 64, True, FP16, False, 5): ("narrow32", 4),  # 65 atoms: ranks of 16, 16, 16 and 17
     (1056, 2304, 128, True, BF16, False, 1): ("narrow32", 2),  # 18 atoms a rank: a partial last stage
     (1056, 2048, -1, False, FP16, False, 16): ("narrow32", 2),  # per channel: the split cuts the group
-    (4096, 28672, 128, True, BF16, False, 1): ("narrow", 2),  # 224 atoms a CTA: runs of whole stages
+    (2048, 20480, 128, True, BF16, False, 1): ("narrow", 2),  # 160 atoms a CTA: runs of whole stages
     (4064, 12288, 64, False, FP16, True, 5): ("narrow", 2),  # N % 64 == 32
     (3072, 11008, 64, True, BF16, False, 16): ("narrow", 2),  # two token tiles, 86 atoms a CTA
-    (1536, 28672, 128, False, FP16, False, 9): ("narrow", 4),
+    (1024, 28672, 128, False, FP16, False, 9): ("narrow", 4),
 }
 
 
