@@ -354,8 +354,8 @@ def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order:
         work = (f"{warp_rows} rows and all of K a CTA, {plan.k_lanes} k-lanes in runs of {plan.lane_atoms} atoms "
                 f"and a producer warp: no split-K")
     elif plan.narrow:
-        work = (f"{warp_rows} rows and {-(-(k // 64) // plan.splits)} atoms of K a CTA, {plan.k_lanes} k-lanes in runs "
-                f"of {plan.lane_atoms} atoms and a producer warp; clusters of {plan.splits} CTAs add through "
+        work = (f"{warp_rows} rows and 1/{plan.splits} of K a CTA (whole runs of 2 atoms), {plan.k_lanes} k-lanes in "
+                f"runs of {plan.lane_atoms} atoms and a producer warp; clusters of {plan.splits} CTAs add through "
                 f"shared memory")
     else:
         work = (f"{plan.warps} row warps ({plan.warps * warp_rows} rows) a CTA, K in {plan.splits} split(s) of "

@@ -266,10 +266,10 @@ constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4
 // With two token tiles the narrow CTA's X (as many bytes as its weights at 16 tokens) costs more than the
 // model counts: from K = 6144 up 16 tokens lost (8192 x 6144 15.3 -> 16.1, 8192² 18.7 -> 19.5, 8192 x 12288
 // 24.7 -> 26.9), hence kNarrowTwoTileMaxAtoms. A CTA of a K-split cluster may stream up to
-// kNarrowClusterTwoTileMaxAtoms: there the wide plans split K 10-28 ways, and at 9 and 16 tokens clusters of 2 and
-// 4 won everywhere measured (session 28, us at M = 16, wide -> cluster): 4096 x 14336 19.7 -> 17.7, 3072 x 14336
-// 19.5 -> 17.1, 4096 x 11008 19.7 -> 15.0, 1536 x 28672 22.5 -> 17.2, 1024 x 28672 17.7 -> 17.0. Against whole-SM plans (long K) narrow CTAs won at up to 4
-// tokens and lost at 8 (8 x 8192 x 28672: whole 35.7, narrow 36.9; session 25), hence kNarrowOverWholeMaxTokens.
+// kNarrowClusterTwoTileMaxAtoms: there the wide plans split K 10-28 ways, and at 9 and 16 tokens clusters of 2
+// and 4 won everywhere measured (session 28, us at M = 16, wide -> cluster): 4096 x 14336 19.7 -> 17.7,
+// 3072 x 14336 19.5 -> 17.1, 4096 x 11008 19.7 -> 15.0, 1536 x 28672 22.5 -> 17.2, 1024 x 28672 17.7 -> 17.0.
+// Against whole-SM plans (long K) narrow CTAs won at up to 4 tokens and lost at 8 (8 x 8192 x 28672: whole 35.7, narrow 36.9; session 25), hence kNarrowOverWholeMaxTokens.
 // Checked on layers outside the fit (4608 x 3072, 6144 x 1536, 8192 x 512, 5120 x 2048, 7168 x 12288, 8448 x
 // 4096): 0.1-2.1 us faster, no cell slower. Cells it gets wrong: 8192² at 8 tokens (15.0 -> 15.6), 8192 x 4096
 // at 16 (12.0 -> 12.2); 4608 x 8192 and 5120 x 8192 at 16 (narrow 0.3 us faster, not taken).
@@ -303,11 +303,15 @@ constexpr int64_t MaxSplitAtoms(int64_t atoms, int64_t splits, int64_t granule) 
   return std::min(atoms, CeilDiv(CeilDiv(atoms, granule), splits) * granule);
 }
 
-// CTAs of clusters of `cluster` one-CTA-per-SM CTAs that are resident at once. A cluster runs inside one GPC:
-// on the H200 (132 SMs) cudaOccupancyMaxActiveClusters gives 66 clusters of 2 and 30 of 4 (120 CTAs); other SM
+// CTAs of clusters of `cluster` (2 or 4) one-CTA-per-SM CTAs that are resident at once. A cluster runs inside
+// one GPC: on the H200 cudaOccupancyMaxActiveClusters gives 66 clusters of 2 and 30 of 4 (session 28); other SM
 // counts are scaled from it (a wrong count only costs a second wave, never a result).
+inline constexpr int kH200Sms = 132;
+inline constexpr int kH200ClusterOf4Ctas = 120;
+static_assert(kMaxNarrowCluster == 4, "NarrowClusterSlots knows clusters of 2 and 4");
 constexpr int64_t NarrowClusterSlots(int cluster, int num_sms) {
-  return cluster == 2 ? num_sms / 2 * 2 : int64_t{num_sms} * 120 / 132 / cluster * cluster;
+  const int64_t sms = cluster == 2 ? num_sms : int64_t{num_sms} * kH200ClusterOf4Ctas / kH200Sms;
+  return sms / cluster * cluster;
 }
 
 // The K-split cluster of a narrow launch of `ctas` row tiles over `atoms` atoms: the largest of
