@@ -392,9 +392,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   const int n0 = tile * block_rows;
   const int m0 = m_block * Cfg::kBlockM;
   const int rows_m = min(Cfg::kBlockM, p.m - m0);
-  const int split_granule = kNarrow ? kNarrowShortRunAtoms : 1;  // narrow: stages start on 128-wide groups
-  const int atom_begin = SplitAtomBegin(split, p.splits, p.atoms, split_granule);
-  const int atom_end = SplitAtomBegin(split + 1, p.splits, p.atoms, split_granule);
+  const int atom_begin = SplitAtomBegin(split, p.splits, p.atoms, kForm);
+  const int atom_end = SplitAtomBegin(split + 1, p.splits, p.atoms, kForm);
   const int num_atoms = atom_end - atom_begin;
   // m16 tiles of this warp inside N: 0 or a multiple of 2 (N % 32 == 0). Tiles past N arrive as the TMA's
   // zeros and are never stored.

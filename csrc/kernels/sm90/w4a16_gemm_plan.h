@@ -95,9 +95,8 @@ inline constexpr int kMaxNarrowStages = 32;
 // launch's partials (session 15) were what kept narrow CTAs unsplit, one per row tile, so layers with few rows
 // left most SMs idle (1 x 1024 x 4096: 32 CTAs of 64 KB) or went wide (1 x 4096 x 14336: 14 splits). A cluster
 // costs ~0.5 us (its launch, the cluster barrier, the sums), so each CTA keeps kNarrowClusterMinAtoms atoms.
-// The ranks split K in whole runs of kNarrowShortRunAtoms (SplitAtomBegin): a stage then starts on a 128-wide
-// group and holds at most two, as many as its scale box loads. Session 28 (benchmarks/NOTES.md), us at M = 1 / 16,
-// unsplit -> clusters of 2: 1024 x 4096 6.4 / 7.0 -> 5.3 / 5.9, 2048 x 8192 9.8 / 11.4 -> 7.2 / 8.7, 1024 x 14336
+// The ranks split K in whole runs of kNarrowShortRunAtoms (SplitGranule). Session 28 (benchmarks/NOTES.md), us
+// at M = 1 / 16, unsplit -> clusters of 2: 1024 x 4096 6.4 / 7.0 -> 5.3 / 5.9, 2048 x 8192 9.8 / 11.4 -> 7.2 / 8.7, 1024 x 14336
 // (wide) 11.8 / 15.2 -> 9.8 / 10.8, 4096 x 14336 (wide) 15.0 -> 12.3 at M = 1; 512 x 4096 6.1 -> 5.1 (2) -> 4.3 (4);
 // with 8 atoms a CTA 1024² lost (3.7 / 4.1 -> 3.9 / 4.4), with 12 576 x 1536 did not gain (4.1 / 4.6 -> 4.1 / 4.5).
 inline constexpr int kMaxNarrowCluster = 4;
@@ -294,13 +293,21 @@ constexpr int NarrowKLanes(int stages, int64_t atoms) {
   return static_cast<int>(std::max<int64_t>(1, lanes));
 }
 
-// The first atom of split `split` of `splits` over `atoms` atoms, in whole granules of atoms (wide: 1; narrow
-// clusters: kNarrowShortRunAtoms), as even as they come; split `splits` gives `atoms`.
-constexpr int SplitAtomBegin(int64_t split, int64_t splits, int64_t atoms, int64_t granule) {
+// Splits of K come in whole granules of atoms: wide split-K any atom; narrow clusters whole runs of
+// kNarrowShortRunAtoms, so that a 4-atom stage starts on a 128-wide group and holds at most two, as many as
+// its scale box loads.
+constexpr int64_t SplitGranule(W4a16Form form) { return IsNarrow(form) ? kNarrowShortRunAtoms : 1; }
+
+// The first atom of split `split` of `splits` over `atoms` atoms of a `form` launch, as even as whole granules
+// come; split `splits` gives `atoms`.
+constexpr int SplitAtomBegin(int64_t split, int64_t splits, int64_t atoms, W4a16Form form) {
+  const int64_t granule = SplitGranule(form);
   return static_cast<int>(std::min(atoms, split * CeilDiv(atoms, granule) / splits * granule));
 }
-constexpr int64_t MaxSplitAtoms(int64_t atoms, int64_t splits, int64_t granule) {
-  return std::min(atoms, CeilDiv(CeilDiv(atoms, granule), splits) * granule);
+// At least the atoms of the longest split of `plan` over `atoms` atoms.
+constexpr int64_t MaxSplitAtoms(const W4a16Launch& plan, int64_t atoms) {
+  const int64_t granule = SplitGranule(plan.form);
+  return std::min(atoms, CeilDiv(CeilDiv(atoms, granule), plan.splits) * granule);
 }
 
 // CTAs of clusters of `cluster` (2 or 4) one-CTA-per-SM CTAs that are resident at once. A cluster runs inside
@@ -387,7 +394,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       l.warps = 1;
       l.n_tiles = static_cast<int>(CeilDiv(p.n, WarpRows(plan.m_tiles, form)));
       l.splits = NarrowClusterSize(int64_t{l.n_tiles} * plan.m_blocks, atoms, num_sms);
-      const int64_t cta_atoms = MaxSplitAtoms(atoms, l.splits, kNarrowShortRunAtoms);
+      const int64_t cta_atoms = MaxSplitAtoms(l, atoms);
       l.lane_atoms = cta_atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
       l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form).stages, cta_atoms);
       return l;
@@ -395,7 +402,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     // Narrow32 (kNarrow32TilesPerWarp): one wave, short K a CTA, and no more rows x columns per CTA than the
     // wide plan's.
     const W4a16Launch narrow32 = narrow(W4a16Form::kNarrow32);
-    const int64_t narrow32_atoms = MaxSplitAtoms(atoms, narrow32.splits, kNarrowShortRunAtoms);
+    const int64_t narrow32_atoms = MaxSplitAtoms(narrow32, atoms);
     const int64_t wide_cta_rows = std::min<int64_t>(p.n, int64_t{plan.warps} * WarpRows(plan.m_tiles));
     if (int64_t{narrow32.n_tiles} * plan.m_blocks <= num_sms && narrow32_atoms <= kNarrowShortKAtoms &&
         WarpRows(plan.m_tiles, W4a16Form::kNarrow32) * narrow32_atoms <=
@@ -420,7 +427,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
                             CeilDiv(atoms, whole.splits) >= kWholeMinAtomsPerSplit;
     // Narrow (64 rows): one wave, and faster than the wide plan in NarrowGainUs's model.
     const W4a16Launch narrow64 = narrow(W4a16Form::kNarrow);
-    const int64_t narrow64_atoms = MaxSplitAtoms(atoms, narrow64.splits, kNarrowShortRunAtoms);
+    const int64_t narrow64_atoms = MaxSplitAtoms(narrow64, atoms);
     if (int64_t{narrow64.n_tiles} * plan.m_blocks <= num_sms &&
         (plan.m_tiles == 1 ||
          narrow64_atoms <= (narrow64.splits > 1 ? kNarrowClusterTwoTileMaxAtoms : kNarrowTwoTileMaxAtoms)) &&
