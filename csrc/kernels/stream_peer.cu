@@ -9,6 +9,8 @@
 
 #include <algorithm>
 
+#include "common/device_info.h"
+
 namespace jax_w4a4 {
 namespace {
 
@@ -39,10 +41,8 @@ __global__ void __launch_bounds__(kThreads) StreamPeerKernel(const uint4* __rest
 }  // namespace
 
 cudaError_t LaunchStreamPeer(const void* x, void* out, int64_t values, cudaStream_t stream) {
-  int device = 0, sms = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (status != cudaSuccess) return status;
+  int sms = 0;
+  if (cudaError_t status = CurrentDeviceSms(sms); status != cudaSuccess) return status;
   const int64_t steps = values / kStreamPeerValueGranule;
   if (steps == 0) return cudaSuccess;
   const int64_t ctas = std::min<int64_t>(int64_t{sms} * kCtasPerSm, (steps + kThreads - 1) / kThreads);

@@ -191,6 +191,7 @@
 #include <type_traits>
 
 #include "common/arrival_counters.h"
+#include "common/device_info.h"
 #include "common/ptx.h"
 #include "common/tma.h"
 #include "common/wgmma.h"
@@ -1445,16 +1446,6 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-int SmCount() {
-  int device = 0;
-  int count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 0;
-  }
-  return count;
-}
-
 template <int kShapeIndex, class OutT, bool kFp8Act>
 cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   using C = Config<kShapeIndex>;
@@ -1542,7 +1533,9 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
     config.gridDim = dim3(C::kCluster);
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters <= 0) {
       cudaGetLastError();  // the failed query must not surface as a later launch's error; use the SM count
-      clusters = SmCount() / C::kCluster;
+      int sms = 0;
+      if (CurrentDeviceSms(sms) != cudaSuccess) sms = 0;
+      clusters = sms / C::kCluster;
     }
     return std::max(clusters, 1);
   }();
