@@ -237,10 +237,10 @@ class W4a16Plan:
     B operand) and the scales and zero points of the stage's groups (up to two an atom), one TMA box each,
     with a full and an empty mbarrier; fixed: 1 KB of slack that aligns the base to the swizzle atom and,
     narrow, ``cluster_sum_bytes``: the slots where the other CTAs of a K-split cluster put their accumulators
-    (up to 3 warps' worth) and their mbarrier; ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see ``W4A16_FORMS``): "wide"; "whole", one CTA
-    per SM of up to 16 row warps (the one-token tile); "narrow" (the mma.sync token tiles), one CTA per SM
-    whose k-lanes share one warp's rows (4 m16 tiles, 64 rows), fed by a producer warp; "narrow32", the same
-    with 2 m16 tiles (32 rows)."""
+    (up to 3 warps' worth) and their mbarrier; ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see
+    ``W4A16_FORMS``): "wide"; "whole", one CTA per SM of up to 16 row warps (the one-token tile); "narrow"
+    (the mma.sync token tiles), one CTA per SM whose k-lanes share one warp's rows (4 m16 tiles, 64 rows),
+    fed by a producer warp; "narrow32", the same with 2 m16 tiles (32 rows)."""
 
     m_tiles: int
     form: str

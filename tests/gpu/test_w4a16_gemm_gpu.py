@@ -196,7 +196,8 @@ def test_reductions_are_deterministic(n, k, narrow, splits):
         np.testing.assert_array_equal(again.view(np.uint16), first.view(np.uint16))
 
 
-NARROW_CASES = {  # (n, k, group size, zero points, dtype) that the planner runs narrow and unsplit at 1, 5 and 16 tokens
+# (n, k, group size, zero points, dtype) that the planner runs narrow and unsplit at 1, 5 and 16 tokens
+NARROW_CASES = {
     "narrow32": ((96, 576, 32, True, BF16), (2144, 1024, -1, False, FP16), (2144, 1024, 128, False, BF16),
                  (2208, 1536, 64, True, FP16)),
     "narrow": ((4256, 576, 32, True, FP16), (4320, 1024, -1, False, BF16), (4320, 1024, 128, True, FP16)),

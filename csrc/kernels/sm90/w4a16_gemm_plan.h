@@ -95,10 +95,11 @@ inline constexpr int kMaxNarrowStages = 32;
 // launch's partials (session 15) were what kept narrow CTAs unsplit, one per row tile, so layers with few rows
 // left most SMs idle (1 x 1024 x 4096: 32 CTAs of 64 KB) or went wide (1 x 4096 x 14336: 14 splits). A cluster
 // costs ~0.5 us (its launch, the cluster barrier, the sums), so each CTA keeps kNarrowClusterMinAtoms atoms.
-// The ranks split K in whole runs of kNarrowShortRunAtoms (SplitGranule). Session 28 (benchmarks/NOTES.md), us
-// at M = 1 / 16, unsplit -> clusters of 2: 1024 x 4096 6.4 / 7.0 -> 5.3 / 5.9, 2048 x 8192 9.8 / 11.4 -> 7.2 / 8.7, 1024 x 14336
-// (wide) 11.8 / 15.2 -> 9.8 / 10.8, 4096 x 14336 (wide) 15.0 -> 12.3 at M = 1; 512 x 4096 6.1 -> 5.1 (2) -> 4.3 (4);
-// with 8 atoms a CTA 1024² lost (3.7 / 4.1 -> 3.9 / 4.4), with 12 576 x 1536 did not gain (4.1 / 4.6 -> 4.1 / 4.5).
+// The ranks split K in whole runs of kNarrowShortRunAtoms (SplitGranule). Session 28 (benchmarks/NOTES.md),
+// us at M = 1 / 16, unsplit -> clusters of 2: 1024 x 4096 6.4 / 7.0 -> 5.3 / 5.9, 2048 x 8192 9.8 / 11.4 ->
+// 7.2 / 8.7, 1024 x 14336 (wide) 11.8 / 15.2 -> 9.8 / 10.8, 4096 x 14336 (wide) 15.0 -> 12.3 at M = 1;
+// 512 x 4096 6.1 -> 5.1 (2) -> 4.3 (4); with 8 atoms a CTA 1024² lost (3.7 / 4.1 -> 3.9 / 4.4), with 12
+// 576 x 1536 did not gain (4.1 / 4.6 -> 4.1 / 4.5).
 inline constexpr int kMaxNarrowCluster = 4;
 inline constexpr int kNarrowClusterMinAtoms = 4 * kNarrowStageAtoms;
 // Narrow32 CTAs (kNarrow32TilesPerWarp m16 tiles, 32 rows): where N / 32 CTAs fit one wave and K has at most
@@ -268,7 +269,8 @@ constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4
 // kNarrowClusterTwoTileMaxAtoms: there the wide plans split K 10-28 ways, and at 9 and 16 tokens clusters of 2
 // and 4 won everywhere measured (session 28, us at M = 16, wide -> cluster): 4096 x 14336 19.7 -> 17.7,
 // 3072 x 14336 19.5 -> 17.1, 4096 x 11008 19.7 -> 15.0, 1536 x 28672 22.5 -> 17.2, 1024 x 28672 17.7 -> 17.0.
-// Against whole-SM plans (long K) narrow CTAs won at up to 4 tokens and lost at 8 (8 x 8192 x 28672: whole 35.7, narrow 36.9; session 25), hence kNarrowOverWholeMaxTokens.
+// Against whole-SM plans (long K) narrow CTAs won at up to 4 tokens and lost at 8 (8 x 8192 x 28672: whole 35.7,
+// narrow 36.9; session 25), hence kNarrowOverWholeMaxTokens.
 // Checked on layers outside the fit (4608 x 3072, 6144 x 1536, 8192 x 512, 5120 x 2048, 7168 x 12288, 8448 x
 // 4096): 0.1-2.1 us faster, no cell slower. Cells it gets wrong: 8192² at 8 tokens (15.0 -> 15.6), 8192 x 4096
 // at 16 (12.0 -> 12.2); 4608 x 8192 and 5120 x 8192 at 16 (narrow 0.3 us faster, not taken).
