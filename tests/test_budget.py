@@ -341,22 +341,29 @@ def test_w4a16_narrow_plans_add_up_fit_and_are_tight():
 
 
 def test_w4a16_whole_sm_plan_adds_up_fits_and_is_tight():
-    """Whole-SM CTAs (the one-token tile): one CTA per SM with the warps of a wide pair (16 x 4 m16 tiles),
-    its ring of 1-atom stages as deep as the SM's shared memory allows; the same per SM as two wide CTAs."""
+    """Whole-SM CTAs: one CTA per SM of warps with 4 m16 tiles each, its ring of 1-atom stages as deep as the
+    SM's shared memory allows. At the one-token tile the warps of a wide pair (16), the same per SM as two wide
+    CTAs; at the 32-token tile 8 warps, twice the wide CTA's tiles a warp (so fewer, larger stages)."""
     p = budget.w4a16_plan(1, form="whole")
     assert p.form == "whole" and p.ctas_per_sm == 1 and p.max_warps == 16 and p.stage_atoms == 1
     assert p.block_rows == 16 * 4 * 16 and p.stage_weight_bytes == 2 * budget.w4a16_plan(1).stage_weight_bytes
     _check_w4a16_plan(p, max_stages=16)
     assert p.stages == budget.w4a16_plan(1).stages == 5
+    p32, wide32 = budget.w4a16_plan(4, form="whole"), budget.w4a16_plan(4)
+    assert p32.ctas_per_sm == wide32.ctas_per_sm == 1 and p32.max_warps == wide32.max_warps == 8
+    assert (p32.tiles_per_warp, wide32.tiles_per_warp) == (4, 2) and p32.block_rows == 8 * 4 * 16
+    assert p32.stage_weight_bytes == 2 * wide32.stage_weight_bytes and p32.stage_x_bytes == wide32.stage_x_bytes
+    _check_w4a16_plan(p32, max_stages=16)
+    assert (p32.stages, wide32.stages) == (9, 16)
     with pytest.raises(ValueError, match="form must be one of"):
         budget.w4a16_plan(1, form="paired")
 
 
 def test_table_lists_w4a16_plans():
-    assert budget.table().count("w4a16_gemm sm90:") == 4 + 1 + 2 + 2
-    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 5
+    assert budget.table().count("w4a16_gemm sm90:") == 4 + 2 + 2 + 2
+    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 6
     assert budget.table().count(", narrow32 (") == 2
-    assert budget.table().count(", whole-SM ") == 1
+    assert budget.table().count(", whole-SM ") == 2
 
 
 def test_w4a16_narrow_ctas_serve_small_layers():
@@ -521,6 +528,24 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_one_token_tile():
     # The idle-SM bound: 18432 rows make 32 tiles of 9 warps in 4 splits, 128 CTAs.
     assert launch(1, 18432, 8192) == ("whole", 9, 32, 4)
     assert launch(1, 18432, 8192, num_sms=140)[0] == "wide"  # 32 tiles x 4 splits leave 12 of 140 SMs idle
+
+
+def test_w4a16_whole_sm_ctas_take_long_splits_at_the_32_token_tile():
+    """17-32 tokens: the same rule picks one CTA per SM of up to 8 warps with 4 m16 tiles each (wgmma) instead
+    of the wide CTA's 2 tiles a warp (session 29: 32 x 28672 x 8192 74.3 -> 61.3 us); short splits stay wide
+    (8192², 4096 x 14336 and 11008 x 4096 lost with 4 tiles a warp), as do more than 8 splits and 64 tokens (no
+    whole form there); a CTA gets 7 or 8 row warps (its two warpgroups launch 8)."""
+    def launch(m, n, k):
+        p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
+        return p.form, p.warps, p.n_tiles, p.splits
+
+    assert launch(32, 28672, 8192) == launch(17, 28672, 8192) == ("whole", 7, 64, 2)  # 128 CTAs of 448 rows
+    assert launch(32, 8192, 28672) == ("whole", 8, 16, 8)  # 128 CTAs, splits of 56 atoms
+    assert launch(32, 16384, 12288) == ("whole", 8, 32, 4)  # not 6 warps in 132 CTAs: 2 idle warps of 8 lost
+    for n, k in ((8192, 8192), (4096, 14336), (11008, 4096), (4096, 4096)):
+        assert launch(32, n, k)[0] == "wide"
+    assert launch(32, 4096, 28672)[0] == "wide"  # 13 splits of 35 atoms lost (kWhole32TokenMaxSplits)
+    assert launch(33, 28672, 8192)[0] == "wide"
 
 
 def test_w4a16_workspace_follows_the_launch_plan():

@@ -80,7 +80,7 @@ const char* W4a16FormName(jax_w4a4::sm90::w4a16::W4a16Form form) {
   switch (form) {
     case W4a16Form::kNarrow: return "narrow (k-lanes share the rows, a producer warp)";
     case W4a16Form::kNarrow32: return "narrow32 (narrow, 2 m16 tiles)";
-    case W4a16Form::kWhole: return "whole-SM (one CTA of a wide pair's warps)";
+    case W4a16Form::kWhole: return "whole-SM (one CTA holds the SM)";
     default: return "wide";
   }
 }
@@ -113,7 +113,9 @@ __attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
     t += "\n";
     namespace w4a16 = jax_w4a4::sm90::w4a16;
     for (int m_tiles : w4a16::kMTileOptions) t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles));
-    t += DescribeW4a16(w4a16::SolveW4a16Plan(1, w4a16::W4a16Form::kWhole));
+    for (int m_tiles : w4a16::kMTileOptions) {
+      if (w4a16::HasWholeForm(m_tiles)) t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles, w4a16::W4a16Form::kWhole));
+    }
     for (int m_tiles : w4a16::kMTileOptions) {
       if (m_tiles > w4a16::kMaxMmaSyncMTiles) continue;
       t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles, w4a16::W4a16Form::kNarrow));

@@ -248,18 +248,22 @@ def test_narrow_k_split_clusters(case):
     run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, act_order, True)
 
 
-@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize("m", [1, 8, 17, 32])
 def test_whole_sm_ctas(m):
-    """Whole-SM CTAs (one token tile, splits of >= 32 atoms: one CTA per SM of up to 16 row warps, 1024
-    rows): both zero-point modes, bf16 and fp16, act-order, and a last warp with one valid pair of m16 tiles
-    (N % 64 == 32). The decode shapes' 28672 x 8192 runs them too."""
-    for n, k, group_size, zero_point, dtype, act_order in (
-        (18432, 8192, 128, True, FP16, False),
-        (18400, 8192, 64, False, BF16, True),
-    ):
+    """Whole-SM CTAs (splits of >= 32 atoms: one CTA per SM of warps with 4 m16 tiles; at one token tile up to
+    16 row warps, 1024 rows, at the 32-token tile 7 or 8, on wgmma): both zero-point modes, bf16 and fp16,
+    act-order, 32-wide groups, and a last warp with one valid pair of m16 tiles (N % 64 == 32). The decode
+    shapes' 28672 x 8192 runs them too (at 1 and 16 tokens; 17-32 tokens only here)."""
+    cases = [(18432, 8192, 128, True, FP16, False), (18400, 8192, 64, False, BF16, True)]
+    if m > 8:
+        cases.append((8192, 16384, 32, True, BF16, True))  # 8 row warps: no warp without rows
+    warps = set()
+    for n, k, group_size, zero_point, dtype, act_order in cases:
         plan = budget.w4a16_launch(m, n, k, group_size, act_order=act_order, num_sms=_num_sms())
-        assert plan.form == "whole" and plan.warps > 8
+        assert plan.form == "whole"
+        warps.add(plan.warps)
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, act_order, True)
+    assert min(warps) > 8 if m <= 8 else warps == {7, 8}
 
 
 def test_mismatched_act_order_gives_nan_not_a_wrong_answer():

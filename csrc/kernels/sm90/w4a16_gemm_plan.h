@@ -13,8 +13,9 @@
 // measured −9% at 1 x 28672 x 8192, and at 16 tokens −10% against wgmma with 2 tiles, session 12);
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
-// per SM gets a deeper ring. Whole-SM plans (one token tile, long splits: PlanW4a16Launch): one CTA per SM
-// of up to kMaxWholeWarps row warps, the two CTAs of a pair merged into one ring. Narrow plans (up to 16
+// per SM gets a deeper ring. Whole-SM plans (long splits: PlanW4a16Launch): one CTA per SM of up to
+// WholeMaxWarps row warps of 4 m16 tiles: at one token tile the two CTAs of a pair merged into one ring, at 32
+// tokens the wide CTA with twice its tiles a warp (the registers of a CTA alone on its SM). Narrow plans (up to 16
 // tokens, layers of up to num_sms x 64 rows; PlanW4a16Launch says when, kMaxNarrowLanes how): one warp's
 // rows (narrow32 plans: half a warp's, kNarrow32TilesPerWarp), stages of kNarrowStageAtoms atoms (the X part
 // one 3-D box of the M token rows), one CTA per SM; past the ring, the cluster sums: the slots where the
@@ -48,7 +49,8 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide p
 
 // How a launch's CTAs hold an SM (W4a16Plan::form, W4a16Launch::form).
 //   kWide    CtasPerSm(m_tiles) CTAs of up to kMaxWarps row warps, each computing every atom of its K range.
-//   kWhole   one CTA of up to kMaxWholeWarps row warps (one token tile only; PlanW4a16Launch says when).
+//   kWhole   one CTA of up to WholeMaxWarps(m_tiles) row warps of 4 m16 tiles each (the one-token tile and
+//            the 32-token tile: HasWholeForm; PlanW4a16Launch says when).
 //   kNarrow    one CTA of one warp's rows (4 m16 tiles, 64 rows), K shared by k-lanes (mma.sync token tiles;
 //              see kMaxNarrowLanes).
 //   kNarrow32  the same with 2 m16 tiles a warp (32 rows): twice the CTAs, for layers of up to num_sms x 32
@@ -57,13 +59,22 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide p
 //   their accumulators through distributed shared memory.
 enum class W4a16Form : int { kWide = 0, kWhole = 1, kNarrow = 2, kNarrow32 = 3 };
 constexpr bool IsNarrow(W4a16Form form) { return form == W4a16Form::kNarrow || form == W4a16Form::kNarrow32; }
-inline constexpr int kMaxWholeWarps = 16;               // 128 registers a thread, as two wide CTAs of 8 warps
-// m16 tiles of W per warp: 4 up to 16 tokens, 2 beyond (at 16 tokens 4 tiles' accumulators, partials and
-// column sums take 125-128 registers, bf16 with 4 bytes spilled: all that two CTAs of 8 warps may have);
-// narrow32 CTAs 2 at every token tile.
+// Whole-SM CTAs: at one token tile up to 16 row warps (128 registers a thread, as two wide CTAs of 8 warps); at
+// the 32-token tile (wgmma) up to 8 row warps of 4 m16 tiles, whose accumulators and partials alone take 128
+// registers a thread (ptxas: 202-211 with the A fragments; the wide plan's 2 tiles a warp fit 128).
+constexpr bool HasWholeForm(int m_tiles) { return m_tiles == 1 || m_tiles == 4; }
+constexpr int WholeMaxWarps(int m_tiles) { return m_tiles == 1 ? 16 : 8; }
+// The fewest row warps a whole-SM CTA gets: at one token tile more than a wide CTA's (8 or fewer warps are the
+// wide pair's plan); at 32 tokens 7, so that at most one of its two warpgroups' warps owns no rows (such a warp
+// runs a row warp's dequantization and wgmmas: 6-warp plans lost 3-13%, session 29).
+constexpr int WholeMinWarps(int m_tiles) { return m_tiles == 1 ? kMaxWarps + 1 : WholeMaxWarps(m_tiles) - 1; }
+// m16 tiles of W per warp: 4 up to 16 tokens and in whole-SM CTAs, 2 beyond in wide CTAs (at 16 tokens 4
+// tiles' accumulators, partials and column sums take 125-128 registers, bf16 with 4 bytes spilled: all that
+// two CTAs of 8 warps may have); narrow32 CTAs 2 at every token tile.
 inline constexpr int kNarrow32TilesPerWarp = 2;
 constexpr int TilesPerWarp(int m_tiles, W4a16Form form = W4a16Form::kWide) {
-  return form == W4a16Form::kNarrow32 ? kNarrow32TilesPerWarp : m_tiles <= kMaxMmaSyncMTiles ? 4 : 2;
+  if (form == W4a16Form::kNarrow32) return kNarrow32TilesPerWarp;
+  return m_tiles <= kMaxMmaSyncMTiles || form == W4a16Form::kWhole ? 4 : 2;
 }
 constexpr int WarpRows(int m_tiles, W4a16Form form = W4a16Form::kWide) {
   return TilesPerWarp(m_tiles, form) * kAtomRows;
@@ -141,7 +152,7 @@ struct W4a16Plan {
 constexpr W4a16Plan SolveW4a16Plan(int m_tiles, W4a16Form form = W4a16Form::kWide) {
   W4a16Plan p{};
   const bool narrow = IsNarrow(form);
-  const int row_warps = narrow ? 1 : form == W4a16Form::kWhole ? kMaxWholeWarps : kMaxWarps;
+  const int row_warps = narrow ? 1 : form == W4a16Form::kWhole ? WholeMaxWarps(m_tiles) : kMaxWarps;
   p.m_tiles = m_tiles;
   p.block_m = 8 * m_tiles;
   p.form = form;
@@ -202,8 +213,8 @@ inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumu
 // 4096 x 28672 25.2 -> 22.8), 80 beat 40 on nine shapes of ten (1 x 16384 x 3072 12.8-13.0 -> 11.7) and 60 on
 // three of them (1 x 11008² 24.3 -> 22.8-22.9).
 inline constexpr int64_t kReductionPercent = 80;
-// Whole-SM CTAs (one token tile). The two wide CTAs on an SM stream unevenly (session 15: 22.8 and 30.1 us
-// for the same bytes at 1 x 28672 x 8192), and a tile waits for its slowest split; one CTA with the pair's
+// Whole-SM CTAs (HasWholeForm). At one token tile the two wide CTAs on an SM stream unevenly (session 15: 22.8
+// and 30.1 us for the same bytes at 1 x 28672 x 8192), and a tile waits for its slowest split; one CTA with the pair's
 // warps on one ring does not. Session 25 (benchmarks/NOTES.md), a probe with whole-SM CTAs for every mma.sync
 // plan (us at M = 1 / 4 / 16, wide -> whole): 28672 x 8192 37.2-37.5 / 37.6 / 46.8 -> 36.3 / 36.4 / 46.6,
 // 16384 x 12288 32.0-32.1 / 32.1-32.2 / 39.0 -> 30.4-30.5 / 30.6-30.7 / 39.1-39.2; with short splits it lost:
@@ -212,8 +223,17 @@ inline constexpr int64_t kReductionPercent = 80;
 // more than 1 / kWholeIdleSmsDivisor of the SMs without a CTA. With this rule (M = 1 / 4 / 8): 28672 x 8192
 // 37.3 / 37.5 / 38.0 -> 36.0 / 36.1 / 37.0, 16384 x 12288 31.7 / 31.7 / 32.2 -> 30.4 / 30.7 / 31.3, 11008 x 28672
 // 46.1 / 46.1 / 46.5 -> 45.2 / 45.4 / 46.9, 8 x 8192 x 28672 37.4 -> 35.7.
+// The 32-token tile (session 29): wgmma with 4 m16 tiles a warp in every plan (one CTA per SM, as its wide plan),
+// us at M = 24 / 32: 28672 x 8192 74.1 / 74.3 -> 60.7 / 61.3, 8192 x 28672 67.6 / 68.0 -> 56.7 / 57.4; with short
+// splits it lost: 8192² (16 atoms) 22.3 / 22.8 -> 22.6 / 23.3, 11008 x 4096 16.7 / 17.0 -> 18.3 / 18.9, 4096 x 14336
+// 20.8 / 21.1 -> 24.9 / 25.5, 4096² 10.6 / 10.8 -> 17.7 / 18.3. The same rule separates them, with at most
+// kWhole32TokenMaxSplits splits (4096 x 28672 in 13 splits of 35 atoms: 36.9-37.1 -> 40.8-41.2 us at 32 tokens) and
+// WholeMinWarps. Kept rule, us at M = 17 / 32: 28672 x 8192 73.8 / 74.5 -> 60.1 / 61.3, 8192 x 28672 67.3 / 68.1 ->
+// 56.1 / 57.5, 16384 x 12288 58.0 / 58.6 -> 47.9 / 49.3, 11008 x 28672 88.7 / 89.7 -> 71.5-71.9 / 73.1, 14336 x 8192
+// 39.4 / 39.9 -> 33.9 / 35.0, 28672 x 4096 37.7 / 38.1 -> 33.2 / 34.2, 8192 x 16384 40.1 / 40.7 -> 35.9 / 37.1.
 inline constexpr int64_t kWholeMinAtomsPerSplit = 32;
 inline constexpr int kWholeIdleSmsDivisor = 16;
+inline constexpr int64_t kWhole32TokenMaxSplits = 8;
 
 struct W4a16Problem {
   int64_t m, n, k, group_size;  // group_size == k: per channel
@@ -223,7 +243,7 @@ struct W4a16Problem {
 struct W4a16Launch {
   int m_tiles;   // n8 token tiles per CTA: 1, 2, 4 or 8
   int m_blocks;  // CTAs along the tokens
-  int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (whole: ..kMaxWholeWarps; W4a16Threads launches
+  int warps;     // warps that own rows of W, kMinWarps..kMaxWarps (whole: ..WholeMaxWarps; W4a16Threads launches
                  // whole warpgroups); narrow: 1
   int n_tiles;
   int splits;    // split-K factor; narrow: the CTAs of a K-split cluster (1: no cluster)
@@ -351,19 +371,20 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   if (mma_sync) {
     max_splits = std::min<int64_t>(max_splits, std::max<int64_t>(kMaxShortSplits, atoms / kMinAtomsPerManySplits));
   }
-  // The column tiles of CTAs with `warps` row warps, with the token blocks, and the splits that fill `slots` CTAs.
+  // The column tiles of CTAs with `warps` row warps of `form`, with the token blocks, and the splits that fill
+  // `slots` CTAs.
   struct Grid {
     int64_t n_tiles, tiles, splits;
   };
-  const auto grid = [&](int warps, int64_t slots) {
-    const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles));
+  const auto grid = [&](int warps, int64_t slots, W4a16Form form) {
+    const int64_t n_tiles = CeilDiv(p.n, int64_t{warps} * WarpRows(plan.m_tiles, form));
     const int64_t tiles = n_tiles * plan.m_blocks;
     return Grid{n_tiles, tiles, std::clamp<int64_t>(slots / tiles, 1, max_splits)};
   };
   int64_t best_cost = INT64_MAX;
   int64_t best_ctas = 0;
   for (int warps = kMaxWarps; warps >= kMinWarps; --warps) {
-    const auto [n_tiles, tiles, splits] = grid(warps, slots);
+    const auto [n_tiles, tiles, splits] = grid(warps, slots, W4a16Form::kWide);
     const int64_t waves = CeilDiv(tiles * splits, slots);
     const int64_t warps_per_sm = int64_t{warps} * CtasPerSm(plan.m_tiles);
     // mma.sync tiles: the launched warps without rows run the loop as row warps do, so they count (session
@@ -387,6 +408,24 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   }
   plan.k_lanes = 1;
   plan.lane_atoms = 1;
+  // Whole-SM CTAs (HasWholeForm, kWholeMinAtomsPerSplit): WholeMinWarps..WholeMaxWarps row warps, the most CTAs
+  // up to one per SM; ties go to more warps.
+  W4a16Launch whole = plan;
+  whole.form = W4a16Form::kWhole;
+  int64_t whole_ctas = 0;
+  for (int warps = WholeMaxWarps(plan.m_tiles); warps >= WholeMinWarps(plan.m_tiles) && HasWholeForm(plan.m_tiles);
+       --warps) {
+    const auto [n_tiles, tiles, splits] = grid(warps, num_sms, W4a16Form::kWhole);
+    if (tiles * splits > whole_ctas) {
+      whole_ctas = tiles * splits;
+      whole.warps = warps;
+      whole.n_tiles = static_cast<int>(n_tiles);
+      whole.splits = static_cast<int>(splits);
+    }
+  }
+  const bool whole_fits = whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
+                          CeilDiv(atoms, whole.splits) >= kWholeMinAtomsPerSplit &&
+                          (plan.m_tiles == 1 || whole.splits <= kWhole32TokenMaxSplits);
   if (mma_sync) {
     // A narrow launch of `form`: one row tile per cluster of `splits` CTAs (NarrowClusterSize), each CTA
     // with 1 / splits of K, k-lanes in runs of lane_atoms.
@@ -411,22 +450,6 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
             wide_cta_rows * CeilDiv(atoms, plan.splits)) {
       return narrow32;
     }
-    // Whole-SM CTAs (kWholeMinAtomsPerSplit): more than kMaxWarps row warps, the most CTAs up to one per SM;
-    // ties go to more warps.
-    W4a16Launch whole = plan;
-    whole.form = W4a16Form::kWhole;
-    int64_t whole_ctas = 0;
-    for (int warps = kMaxWholeWarps; warps > kMaxWarps && plan.m_tiles == 1; --warps) {
-      const auto [n_tiles, tiles, splits] = grid(warps, num_sms);
-      if (tiles * splits > whole_ctas) {
-        whole_ctas = tiles * splits;
-        whole.warps = warps;
-        whole.n_tiles = static_cast<int>(n_tiles);
-        whole.splits = static_cast<int>(splits);
-      }
-    }
-    const bool whole_fits = whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
-                            CeilDiv(atoms, whole.splits) >= kWholeMinAtomsPerSplit;
     // Narrow (64 rows): one wave, and faster than the wide plan in NarrowGainUs's model.
     const W4a16Launch narrow64 = narrow(W4a16Form::kNarrow);
     const int64_t narrow64_atoms = MaxSplitAtoms(narrow64, atoms);
@@ -440,9 +463,8 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
                      plan.splits) > 0) {
       return narrow64;
     }
-    if (whole_fits) return whole;
   }
-  return plan;
+  return whole_fits ? whole : plan;
 }
 
 // Threads of a launch: whole warpgroups of its row warps; narrow, its k-lanes and the producer warp.
