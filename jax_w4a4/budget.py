@@ -239,9 +239,9 @@ class W4a16Plan:
     narrow, ``cluster_sum_bytes``: the slots where the other CTAs of a K-split cluster put their accumulators
     (up to 3 warps' worth) and their mbarrier; ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see
     ``W4A16_FORMS``): "wide"; "whole", one CTA per SM of row warps with 4 m16 tiles each (up to 16 at the
-    one-token tile, 8 at the 32-token tile); "narrow"
-    (the mma.sync token tiles), one CTA per SM whose k-lanes share one warp's rows (4 m16 tiles, 64 rows),
-    fed by a producer warp; "narrow32", the same with 2 m16 tiles (32 rows)."""
+    one-token tile, 8 at the 32-token tile); "narrow" (the mma.sync token tiles), one CTA per SM whose k-lanes
+    share one warp's rows (4 m16 tiles, 64 rows), fed by a producer warp; "narrow32", the same with 2 m16
+    tiles (32 rows)."""
 
     m_tiles: int
     form: str

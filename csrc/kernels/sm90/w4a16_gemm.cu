@@ -156,7 +156,7 @@ struct Config {
   static constexpr int kBarrierOffset = kScaleRingOffset + kStages * kStageScaleBytes;  // full[kStages], empty[kStages]
   // Narrow: the cluster sums, slot r - 1 for rank r of a K-split cluster (a warp's accumulators as float4, lane
   // fastest), then their mbarrier.
-  static constexpr int kWarpSumBytes = 32 * kTilesPerWarp * 4 * kMTiles * 4;
+  static constexpr int kWarpSumBytes = WarpAccumulatorBytes(kMTiles, kForm);
   static constexpr int kClusterSumOffset = kBarrierOffset + kPlan.barrier_bytes;
   static constexpr int kClusterBarrierOffset = kClusterSumOffset + (kMaxNarrowCluster - 1) * kWarpSumBytes;
   // + the slack that aligns the dynamic base to the 1 KB swizzle atom

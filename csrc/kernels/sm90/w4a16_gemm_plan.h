@@ -79,6 +79,11 @@ constexpr int TilesPerWarp(int m_tiles, W4a16Form form = W4a16Form::kWide) {
 constexpr int WarpRows(int m_tiles, W4a16Form form = W4a16Form::kWide) {
   return TilesPerWarp(m_tiles, form) * kAtomRows;
 }
+// A warp's accumulators: one float4 of fragment per lane, m16 tile and n8 token tile. The size of a split-K
+// partial per warp and of a cluster-sum slot.
+constexpr int WarpAccumulatorBytes(int m_tiles, W4a16Form form) {
+  return 32 * TilesPerWarp(m_tiles, form) * m_tiles * 16;
+}
 
 // Narrow CTAs (mma.sync token tiles only): one CTA per SM owns one warp's rows (64) and the whole of K,
 // split over up to kMaxNarrowLanes warps ("k-lanes") that take turns on the ring's stages of
@@ -166,10 +171,8 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles, W4a16Form form = W4a16Form::kWid
   p.stage_scale_bytes = p.stage_atoms * kMaxGroupsPerAtom * p.block_rows * (kScaleBytes + kZeroBytes);
   p.stage_bytes = p.stage_weight_bytes + p.stage_x_bytes + p.stage_scale_bytes;
   const int per_cta = static_cast<int>(budget::kSmemPerSmSm90 / p.ctas_per_sm - budget::kSmemReservedPerCtaSm90);
-  // A warp's accumulators: 32 lanes x tiles x (4 x m_tiles) floats.
-  const int warp_accumulator_bytes = 32 * p.tiles_per_warp * 4 * m_tiles * 4;
-  p.cluster_sum_bytes =
-      narrow ? (kMaxNarrowCluster - 1) * warp_accumulator_bytes + static_cast<int>(2 * budget::kMbarrierBytes) : 0;
+  const int cluster_slot_bytes = (kMaxNarrowCluster - 1) * WarpAccumulatorBytes(m_tiles, form);
+  p.cluster_sum_bytes = narrow ? cluster_slot_bytes + static_cast<int>(2 * budget::kMbarrierBytes) : 0;
   const int fixed = static_cast<int>(budget::kSwizzledAlign) + p.cluster_sum_bytes;
   const int stage_barrier_bytes = static_cast<int>(2 * budget::kMbarrierBytes);
   const int fit = (per_cta - fixed) / (p.stage_bytes + stage_barrier_bytes);
@@ -202,7 +205,6 @@ inline constexpr int kMaxSplitsAt64Tokens = 4;
 // 15.2-15.4 (4-warp CTAs in 8 splits of 16 atoms; in 16 splits of 8, ncu: SMs active 68% of the kernel).
 inline constexpr int kMaxShortSplits = 8;
 inline constexpr int kMinAtomsPerManySplits = 16;
-inline constexpr int64_t kPartialBytes = 16;             // one float4 of accumulator fragment per lane and tile
 // The split-K reduction in the planner's model (mma.sync tiles): a tile's last CTA reads every split's
 // partials (a 2 KB fragment per warp, split and n8 token tile: the weight bytes of one warp's atom), and
 // each split and warp costs kReductionPercent of a streamed warp-atom, at 8 and at 16 tokens alike: the
@@ -480,8 +482,8 @@ constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16
   int64_t offset = 0;
   if (plan.splits > 1 && !IsNarrow(plan.form)) {  // narrow clusters add through shared memory
     ws.partials = offset;
-    offset += align(kPartialBytes * plan.m_blocks * plan.n_tiles * plan.splits * plan.warps *
-                    TilesPerWarp(plan.m_tiles, plan.form) * plan.m_tiles * 32);
+    offset += align(int64_t{plan.m_blocks} * plan.n_tiles * plan.splits * plan.warps *
+                    WarpAccumulatorBytes(plan.m_tiles, plan.form));
   }
   if (p.act_order) {
     ws.x_perm = offset;

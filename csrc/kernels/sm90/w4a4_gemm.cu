@@ -1534,7 +1534,7 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters <= 0) {
       cudaGetLastError();  // the failed query must not surface as a later launch's error; use the SM count
       int sms = 0;
-      if (CurrentDeviceSms(sms) != cudaSuccess) sms = 0;
+      if (CurrentDeviceSms(sms) != cudaSuccess) cudaGetLastError();  // as above; sms stays 0
       clusters = sms / C::kCluster;
     }
     return std::max(clusters, 1);
