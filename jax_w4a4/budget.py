@@ -238,10 +238,10 @@ class W4a16Plan:
     with a full and an empty mbarrier; fixed: 1 KB of slack that aligns the base to the swizzle atom and,
     narrow, ``cluster_sum_bytes``: the slots where the other CTAs of a K-split cluster put their accumulators
     (up to 3 warps' worth) and their mbarrier; ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see
-    ``W4A16_FORMS``): "wide"; "whole", one CTA per SM of row warps with 4 m16 tiles each (up to 16 at the
-    one-token tile, 8 at the 32-token tile); "narrow" (the mma.sync token tiles), one CTA per SM whose k-lanes
-    share one warp's rows (4 m16 tiles, 64 rows), fed by a producer warp; "narrow32", the same with 2 m16
-    tiles (32 rows)."""
+    ``W4A16_FORMS``): "wide"; "whole", one CTA per SM of row warps (up to 16 with 4 m16 tiles each at the
+    one-token tile, 8 with 8 at the 16-token tile, 8 with 4 at the 32-token tile); "narrow" (the mma.sync
+    token tiles), one CTA per SM whose k-lanes share one warp's rows (4 m16 tiles, 64 rows), fed by a producer
+    warp; "narrow32", the same with 2 m16 tiles (32 rows)."""
 
     m_tiles: int
     form: str
@@ -303,7 +303,7 @@ def w4a16_m_tiles() -> list[int]:
 def w4a16_plan(m_tiles: int, *, form: str = "wide") -> W4a16Plan:
     """The solved shared-memory / occupancy plan of the sm90 w4a16 GEMM for one token tile and ``form``
     (``W4A16_FORMS``; the kernel instantiates "narrow" and "narrow32" for the mma.sync tiles, m_tiles <= 2,
-    and "whole" for m_tiles 1 and 4)."""
+    and "whole" for m_tiles 1, 2 and 4)."""
     if form not in W4A16_FORMS:
         raise ValueError(f"form must be one of {W4A16_FORMS}, got {form!r}")
     out = (ctypes.c_int64 * _W4A16_FIELDS)()

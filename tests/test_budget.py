@@ -341,9 +341,9 @@ def test_w4a16_narrow_plans_add_up_fit_and_are_tight():
 
 
 def test_w4a16_whole_sm_plan_adds_up_fits_and_is_tight():
-    """Whole-SM CTAs: one CTA per SM of warps with 4 m16 tiles each, its ring of 1-atom stages as deep as the
-    SM's shared memory allows. At the one-token tile the warps of a wide pair (16), the same per SM as two wide
-    CTAs; at the 32-token tile 8 warps, twice the wide CTA's tiles a warp (so fewer, larger stages)."""
+    """Whole-SM CTAs: one CTA per SM, its ring of 1-atom stages as deep as the SM's shared memory allows. At the
+    one-token tile the warps of a wide pair (16) with 4 m16 tiles each, the same per SM as two wide CTAs; at the
+    16- and 32-token tiles 8 warps, twice the wide CTA's tiles a warp (so fewer, larger stages)."""
     p = budget.w4a16_plan(1, form="whole")
     assert p.form == "whole" and p.ctas_per_sm == 1 and p.max_warps == 16 and p.stage_atoms == 1
     assert p.block_rows == 16 * 4 * 16 and p.stage_weight_bytes == 2 * budget.w4a16_plan(1).stage_weight_bytes
@@ -355,15 +355,21 @@ def test_w4a16_whole_sm_plan_adds_up_fits_and_is_tight():
     assert p32.stage_weight_bytes == 2 * wide32.stage_weight_bytes and p32.stage_x_bytes == wide32.stage_x_bytes
     _check_w4a16_plan(p32, max_stages=16)
     assert (p32.stages, wide32.stages) == (9, 16)
+    p16, wide16 = budget.w4a16_plan(2, form="whole"), budget.w4a16_plan(2)
+    assert (p16.ctas_per_sm, wide16.ctas_per_sm) == (1, 2) and p16.max_warps == wide16.max_warps == 8
+    assert (p16.tiles_per_warp, wide16.tiles_per_warp) == (8, 4) and p16.block_rows == 8 * 8 * 16
+    assert p16.stage_weight_bytes == 2 * wide16.stage_weight_bytes and p16.stage_x_bytes == wide16.stage_x_bytes
+    _check_w4a16_plan(p16, max_stages=16)
+    assert (p16.stages, p16.total_bytes) == (5, 205904)
     with pytest.raises(ValueError, match="form must be one of"):
         budget.w4a16_plan(1, form="paired")
 
 
 def test_table_lists_w4a16_plans():
-    assert budget.table().count("w4a16_gemm sm90:") == 4 + 2 + 2 + 2
-    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 6
+    assert budget.table().count("w4a16_gemm sm90:") == 4 + 3 + 2 + 2
+    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 7
     assert budget.table().count(", narrow32 (") == 2
-    assert budget.table().count(", whole-SM ") == 2
+    assert budget.table().count(", whole-SM ") == 3
 
 
 def test_w4a16_narrow_ctas_serve_small_layers():
@@ -385,7 +391,7 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     assert not plan(17, 576, 1536).narrow and plan(17, 576, 1536).m_tiles == 4
     benchmark_shapes = ((28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096))
     assert [[plan(m, n, k).form for m in (1, 2, 4, 8, 16)] for n, k in benchmark_shapes] == [
-        ["whole"] * 4 + ["wide"],  # 448 row tiles: more than one wave
+        ["whole"] * 5,  # 448 narrow row tiles: more than one wave
         ["narrow"] * 3 + ["whole", "wide"],  # kNarrowOverWholeMaxTokens
         ["narrow"] * 4 + ["wide"],  # kNarrowTwoTileMaxAtoms
         ["narrow32"] * 5,
@@ -504,9 +510,9 @@ def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
         (1, 16384, 3072): (4, 64, 4),    # was 6 (8) x 43 x 6; 8 x 32 x 8 at 40 %: 12.8-13.0 -> 11.7 us
         (1, 11008, 11008): (4, 43, 6),   # was 6 (8) x 29 x 9; 7 (8) x 25 x 10 at 40 %: 24.3-24.4 -> 22.8-22.9 us
     }
-    # An idle warp still wins a tie on CTAs: 16 x 28672 x 8192 keeps 256 CTAs of 7 warps (224 of 8 took
-    # 37.4-37.7 -> 38.4-39.0 us at one token, before whole-SM CTAs).
-    assert grid(16, 28672, 8192) == (7, 64, 4)
+    # An idle warp still wins a tie on CTAs: 16 x 28672 x 4096 takes 256 CTAs of 7 warps, as 28672 x 8192 did
+    # before whole-SM CTAs (224 of 8 took 37.4-37.7 -> 38.4-39.0 us at one token).
+    assert grid(16, 28672, 4096) == (7, 64, 4)
 
 
 def test_w4a16_whole_sm_ctas_take_long_splits_at_one_token_tile():
@@ -520,7 +526,6 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_one_token_tile():
     assert launch(1, 28672, 8192) == ("whole", 14, 32, 4)  # 128 CTAs of 896 rows, splits of 32 atoms
     assert launch(8, 28672, 8192) == ("whole", 14, 32, 4)
     assert launch(1, 16384, 12288) == ("whole", 12, 22, 6)  # 132 CTAs
-    assert launch(9, 28672, 8192)[0] == "wide"  # two token tiles (measured: no gain at 16 tokens)
     assert launch(1, 14336, 4096)[0] == "wide"  # 8 splits of 8 atoms (measured: a loss)
     assert launch(1, 8192, 28672)[0] == "narrow"
     assert launch(4, 8192, 8192)[0] == "narrow"  # one wave of narrow CTAs, as many bytes as a wide pair
@@ -528,6 +533,8 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_one_token_tile():
     # The idle-SM bound: 18432 rows make 32 tiles of 9 warps in 4 splits, 128 CTAs.
     assert launch(1, 18432, 8192) == ("whole", 9, 32, 4)
     assert launch(1, 18432, 8192, num_sms=140)[0] == "wide"  # 32 tiles x 4 splits leave 12 of 140 SMs idle
+    # One wave: a vocabulary projection gets the warps whose row tiles fit the SMs (not 223 CTAs of 9 warps).
+    assert launch(1, 128256, 4096) == ("whole", 16, 126, 1)
 
 
 def test_w4a16_whole_sm_ctas_take_long_splits_at_the_32_token_tile():
@@ -544,8 +551,24 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_the_32_token_tile():
     assert launch(32, 16384, 12288) == ("whole", 8, 32, 4)  # not 6 warps in 132 CTAs: 2 idle warps of 8 lost
     for n, k in ((8192, 8192), (4096, 14336), (11008, 4096), (4096, 4096)):
         assert launch(32, n, k)[0] == "wide"
-    assert launch(32, 4096, 28672)[0] == "wide"  # 13 splits of 35 atoms lost (kWhole32TokenMaxSplits)
+    assert launch(32, 4096, 28672)[0] == "wide"  # 13 splits of 35 atoms lost (kWholeMaxSplits)
     assert launch(33, 28672, 8192)[0] == "wide"
+
+
+def test_w4a16_whole_sm_ctas_take_long_splits_at_the_16_token_tile():
+    """9-16 tokens: the same rule picks one CTA per SM of 7 or 8 warps with 8 m16 tiles each (mma.sync) instead of
+    a wide pair with 4 tiles a warp (session 30: 16 x 28672 x 8192 46.5 -> 44.2 us); more than 8 splits (8192 x
+    28672 in 13 lost, 46.6 -> 50.1 us) and short splits stay wide."""
+    def launch(m, n, k):
+        p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
+        return p.form, p.warps, p.n_tiles, p.splits
+
+    assert launch(16, 28672, 8192) == launch(9, 28672, 8192) == ("whole", 7, 32, 4)  # 128 CTAs of 896 rows
+    assert launch(16, 28640, 8192) == ("whole", 7, 32, 4)  # the last warp: 6 valid tiles (N % 128 == 96)
+    for n, k in ((8192, 28672), (11008, 28672), (16384, 12288), (8192, 8192), (28672, 4096)):
+        assert launch(16, n, k)[0] == "wide"
+    assert launch(16, 128256, 4096) == ("whole", 8, 126, 1)  # one wave (not 144 CTAs of 7 warps)
+    assert launch(16, 151936, 4096)[0] == "wide"  # 149 row tiles of 1024 rows: more than one wave
 
 
 def test_w4a16_workspace_follows_the_launch_plan():
@@ -610,7 +633,7 @@ def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
     assert "narrow plan" in out and "128 CTAs" in out and "8 k-lanes in runs of 2 atoms" in out and "workspace 0 bytes" in out
     budget.main(["--num-sms", "132", "w4a16", "16", "28672", "8192"])
     out = capsys.readouterr().out
-    assert "wide plan, 16-token tile" in out and "256 CTAs" in out and "7 row warps (448 rows)" in out
+    assert "whole plan, 16-token tile" in out and "128 CTAs" in out and "7 row warps (896 rows)" in out
     assert "4 split(s) of 32 atoms" in out and "workspace 7340032 bytes" in out
     budget.main(["--num-sms", "132", "w4a16", "1", "100", "4096"])
     assert "not served" in capsys.readouterr().out

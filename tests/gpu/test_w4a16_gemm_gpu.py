@@ -248,15 +248,21 @@ def test_narrow_k_split_clusters(case):
     run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, act_order, True)
 
 
-@pytest.mark.parametrize("m", [1, 8, 17, 32])
+@pytest.mark.parametrize("m", [1, 8, 9, 16, 17, 32])
 def test_whole_sm_ctas(m):
-    """Whole-SM CTAs (splits of >= 32 atoms: one CTA per SM of warps with 4 m16 tiles; at one token tile up to
-    16 row warps, 1024 rows, at the 32-token tile 7 or 8, on wgmma): both zero-point modes, bf16 and fp16,
-    act-order, 32-wide groups, and a last warp with one valid pair of m16 tiles (N % 64 == 32). The decode
-    shapes' 28672 x 8192 runs them too (at 1 and 16 tokens; 17-32 tokens only here)."""
-    cases = [(18432, 8192, 128, True, FP16, False), (18400, 8192, 64, False, BF16, True)]
-    if m > 8:
+    """Whole-SM CTAs (splits of >= 32 atoms: one CTA per SM; at one token tile up to 16 row warps of 4 m16 tiles,
+    1024 rows; at the 16-token tile 7 or 8 row warps of 8 tiles on mma.sync, at the 32-token tile 7 or 8 of 4 on
+    wgmma): both zero-point modes, bf16 and fp16, act-order, 32-wide groups, and a last warp with one valid pair
+    of m16 tiles (N % 64 == 32; at 16 tokens N % 128 == 96 and == 32). The decode shapes' 28672 x 8192 runs them
+    too (at 1, 3 and 16 tokens)."""
+    if m <= 8 or m > 16:
+        cases = [(18432, 8192, 128, True, FP16, False), (18400, 8192, 64, False, BF16, True)]
+    else:  # 896-row CTAs
+        cases = [(28640, 8192, 128, True, FP16, False), (28576, 8192, 64, False, BF16, True)]
+    if m > 16:
         cases.append((8192, 16384, 32, True, BF16, True))  # 8 row warps: no warp without rows
+    if 8 < m <= 16:
+        cases.append((32768, 8192, 32, True, BF16, True))  # 8 row warps
     warps = set()
     for n, k, group_size, zero_point, dtype, act_order in cases:
         plan = budget.w4a16_launch(m, n, k, group_size, act_order=act_order, num_sms=_num_sms())

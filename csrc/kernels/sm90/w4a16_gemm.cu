@@ -35,17 +35,18 @@
 //
 // Work split. A CTA owns `warps` warps of W rows (up to 16 tokens a warp owns four m16 tiles = 64 rows,
 // so the X fragments, the loop and the barrier serve twice the weights; beyond, two tiles in wide CTAs, since
-// the accumulators fill the registers; whole-SM CTAs four, below) and a K range (split-K over `splits`
-// CTAs), chosen on the host so one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). The CTA
+// the accumulators fill the registers; whole-SM CTAs twice the wide CTA's, below) and a K range (split-K over
+// `splits` CTAs), chosen on the host so one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). The CTA
 // launches whole warpgroups; the warps past `warps` own no rows and only join the wgmmas. Tokens beyond 64 run
 // as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to the workspace in MMA
 // fragment order; the last CTA of a tile to arrive (an arrival counter of common/arrival_counters.h, which
 // re-arms itself: no memset) sums them in split order — deterministic, no host sync, CUDA-graph safe.
-// Whole-SM CTAs (long splits: the planner's rule in w4a16_gemm_plan.h): the same code with one CTA per SM of
-// warps with 4 m16 tiles each. At one token tile up to 16 row warps, where a wide plan would put two CTAs of up
-// to 8 (1 x 28672 x 8192: 128 CTAs of 14 warps, not 256 of 7): the pair's warps share one ring and end together.
-// At the 32-token tile (wgmma) 7 or 8 row warps with twice the wide CTA's tiles (~210 registers a thread): the
-// X tile and the loop serve twice the weights (32 x 28672 x 8192: 74.3 -> 61.3 us, session 29).
+// Whole-SM CTAs (long splits: the planner's rule in w4a16_gemm_plan.h): the same code with one CTA per SM. At one
+// token tile up to 16 row warps of 4 m16 tiles, where a wide plan would put two CTAs of up to 8 (1 x 28672 x 8192:
+// 128 CTAs of 14 warps, not 256 of 7): the pair's warps share one ring and end together. At the 16- and 32-token
+// tiles 7 or 8 row warps with twice the wide CTA's tiles (8 m16 tiles on mma.sync, 4 on wgmma; 202-254 registers a
+// thread): the X fragments or tile, the stage waits and the loop serve twice the weights (32 x 28672 x 8192: 74.3
+// -> 61.3 us, session 29; 16 x 28672 x 8192: 46.5 -> 44.2 us, session 30).
 // Narrow CTAs (up to 16 tokens, layers of up to num_sms x 64 rows, where the planner in w4a16_gemm_plan.h
 // picks them: a narrow CTA streams about as much as the wide plan's busiest SM and pays no split-K round
 // trips): one CTA per SM owns one warp's 64 rows (narrow32: 32, two m16 tiles, for layers of up to 132 x 32
@@ -92,8 +93,8 @@
 //   points + 16 B of mbarriers) + 1 KB to align the base to the swizzle atom
 //   = 103504 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 108624 B (16: 8 warps x 4 tiles,
 //     5 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM);
-//   whole-SM (1 CTA/SM): 200784 B (M_tile 8: 16 warps x 4 tiles, 5 stages of 39936 B), 213136 B (32: 8 warps
-//     x 4 tiles, 9 stages of 23552 B);
+//   whole-SM (1 CTA/SM): 200784 B (M_tile 8: 16 warps x 4 tiles, 5 stages of 39936 B), 205904 B (16: 8 warps
+//     x 8 tiles, 5 stages of 40960 B), 213136 B (32: 8 warps x 4 tiles, 9 stages of 23552 B);
 //   narrow (stages of 4 atoms of 64 rows, 1 CTA/SM): 228624 B (M_tile 8: 16 stages of 13824 B),
 //     228560 B (16: 12 stages of 17920 B), each with 6160 / 12304 B of cluster sums (3 slots of a warp's
 //     accumulators and their mbarrier) past the ring; the lanes' sums reuse the ring.
@@ -166,7 +167,7 @@ struct Config {
   static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kBlockM <= kMaxTokensPerBlock);
   static_assert(!kNarrow || kMTiles <= kMaxMmaSyncMTiles, "narrow CTAs run the mma.sync tiles");
-  static_assert(kForm != W4a16Form::kWhole || HasWholeForm(kMTiles), "whole-SM CTAs: the 1- and 32-token tiles");
+  static_assert(kForm != W4a16Form::kWhole || HasWholeForm(kMTiles), "whole-SM CTAs: the 8- to 32-token tiles");
   static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
   static_assert(kStageScaleBytes == kStageZerosOffset + kStageGroups * kBlockRows * kZeroBytes);
   static_assert(kStageWeightBytes == kBlockRows / kAtomRows * kRowBlockBytes);

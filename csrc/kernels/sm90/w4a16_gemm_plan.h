@@ -14,8 +14,8 @@
 // up to 16 tokens two CTAs share an SM (the other CTA's warps issue while one waits at its barrier);
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
 // per SM gets a deeper ring. Whole-SM plans (long splits: PlanW4a16Launch): one CTA per SM of up to
-// WholeMaxWarps row warps of 4 m16 tiles: at one token tile the two CTAs of a pair merged into one ring, at 32
-// tokens the wide CTA with twice its tiles a warp (the registers of a CTA alone on its SM). Narrow plans (up to 16
+// WholeMaxWarps row warps: at one token tile the two CTAs of a pair merged into one ring, at 16 and 32 tokens the
+// wide CTA with twice its tiles a warp (8 and 4: the registers of a CTA alone on its SM). Narrow plans (up to 16
 // tokens, layers of up to num_sms x 64 rows; PlanW4a16Launch says when, kMaxNarrowLanes how): one warp's
 // rows (narrow32 plans: half a warp's, kNarrow32TilesPerWarp), stages of kNarrowStageAtoms atoms (the X part
 // one 3-D box of the M token rows), one CTA per SM; past the ring, the cluster sums: the slots where the
@@ -49,8 +49,8 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide p
 
 // How a launch's CTAs hold an SM (W4a16Plan::form, W4a16Launch::form).
 //   kWide    CtasPerSm(m_tiles) CTAs of up to kMaxWarps row warps, each computing every atom of its K range.
-//   kWhole   one CTA of up to WholeMaxWarps(m_tiles) row warps of 4 m16 tiles each (the one-token tile and
-//            the 32-token tile: HasWholeForm; PlanW4a16Launch says when).
+//   kWhole   one CTA of up to WholeMaxWarps(m_tiles) row warps of TilesPerWarp m16 tiles each (the 8-, 16- and
+//            32-token tiles: HasWholeForm; PlanW4a16Launch says when).
 //   kNarrow    one CTA of one warp's rows (4 m16 tiles, 64 rows), K shared by k-lanes (mma.sync token tiles;
 //              see kMaxNarrowLanes).
 //   kNarrow32  the same with 2 m16 tiles a warp (32 rows): twice the CTAs, for layers of up to num_sms x 32
@@ -59,22 +59,27 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide p
 //   their accumulators through distributed shared memory.
 enum class W4a16Form : int { kWide = 0, kWhole = 1, kNarrow = 2, kNarrow32 = 3 };
 constexpr bool IsNarrow(W4a16Form form) { return form == W4a16Form::kNarrow || form == W4a16Form::kNarrow32; }
-// Whole-SM CTAs: at one token tile up to 16 row warps (128 registers a thread, as two wide CTAs of 8 warps); at
-// the 32-token tile (wgmma) up to 8 row warps of 4 m16 tiles, whose accumulators and partials alone take 128
-// registers a thread (ptxas: 202-211 with the A fragments; the wide plan's 2 tiles a warp fit 128).
-constexpr bool HasWholeForm(int m_tiles) { return m_tiles == 1 || m_tiles == 4; }
+// Whole-SM CTAs: at one token tile up to 16 row warps of 4 m16 tiles (128 registers a thread, as two wide CTAs of
+// 8 warps); at 16 tokens (mma.sync) up to 8 row warps of 8 m16 tiles and at 32 (wgmma) up to 8 of 4, twice the wide
+// CTA's tiles a warp, whose accumulators and partials alone take 128 registers a thread (ptxas: 206-254 and
+// 202-211 with the A fragments).
+constexpr bool HasWholeForm(int m_tiles) { return m_tiles <= 4; }
 constexpr int WholeMaxWarps(int m_tiles) { return m_tiles == 1 ? 16 : 8; }
 // The fewest row warps a whole-SM CTA gets: at one token tile more than a wide CTA's (8 or fewer warps are the
-// wide pair's plan); at 32 tokens 7, so that at most one of its two warpgroups' warps owns no rows (such a warp
-// runs a row warp's dequantization and wgmmas: 6-warp plans lost 3-13%, session 29).
+// wide pair's plan); at 16 and 32 tokens 7, so that at most one of its two warpgroups' warps owns no rows (such a
+// warp runs a row warp's dequantization and MMAs: 6-warp plans lost 3-13% at 32 tokens, session 29; with 4-6 warps
+// of 8 tiles at 16 tokens 8192 x 28672 took 46.1 -> 51.0 us and 16384 x 12288 38.9 -> 43.3, session 30).
 constexpr int WholeMinWarps(int m_tiles) { return m_tiles == 1 ? kMaxWarps + 1 : WholeMaxWarps(m_tiles) - 1; }
-// m16 tiles of W per warp: 4 up to 16 tokens and in whole-SM CTAs, 2 beyond in wide CTAs (at 16 tokens 4
-// tiles' accumulators, partials and column sums take 125-128 registers, bf16 with 4 bytes spilled: all that
-// two CTAs of 8 warps may have); narrow32 CTAs 2 at every token tile.
+// m16 tiles of W per warp: 4 up to 16 tokens, 2 beyond in wide CTAs (at 16 tokens 4 tiles' accumulators,
+// partials and column sums take 126-128 registers: all that two CTAs of 8 warps may have); whole-SM CTAs twice the
+// wide CTA's at 16 and 32 tokens (the X fragments, the stage waits and the bookkeeping of an atom serve twice the
+// weights; 2 tiles a warp in three CTAs of 8 warps an SM lost 20-30% at 16 tokens, session 30), 4 at one token
+// (8 a warp in 7 warps ran 1 x 28672 x 8192 no faster: 36.3 -> 36.3-36.4 us); narrow32 CTAs 2 at every token tile.
 inline constexpr int kNarrow32TilesPerWarp = 2;
 constexpr int TilesPerWarp(int m_tiles, W4a16Form form = W4a16Form::kWide) {
   if (form == W4a16Form::kNarrow32) return kNarrow32TilesPerWarp;
-  return m_tiles <= kMaxMmaSyncMTiles || form == W4a16Form::kWhole ? 4 : 2;
+  if (form == W4a16Form::kWhole) return m_tiles == 2 ? 8 : 4;
+  return m_tiles <= kMaxMmaSyncMTiles ? 4 : 2;
 }
 constexpr int WarpRows(int m_tiles, W4a16Form form = W4a16Form::kWide) {
   return TilesPerWarp(m_tiles, form) * kAtomRows;
@@ -229,13 +234,16 @@ inline constexpr int64_t kReductionPercent = 80;
 // us at M = 24 / 32: 28672 x 8192 74.1 / 74.3 -> 60.7 / 61.3, 8192 x 28672 67.6 / 68.0 -> 56.7 / 57.4; with short
 // splits it lost: 8192² (16 atoms) 22.3 / 22.8 -> 22.6 / 23.3, 11008 x 4096 16.7 / 17.0 -> 18.3 / 18.9, 4096 x 14336
 // 20.8 / 21.1 -> 24.9 / 25.5, 4096² 10.6 / 10.8 -> 17.7 / 18.3. The same rule separates them, with at most
-// kWhole32TokenMaxSplits splits (4096 x 28672 in 13 splits of 35 atoms: 36.9-37.1 -> 40.8-41.2 us at 32 tokens) and
+// kWholeMaxSplits splits (4096 x 28672 in 13 splits of 35 atoms: 36.9-37.1 -> 40.8-41.2 us at 32 tokens) and
 // WholeMinWarps. Kept rule, us at M = 17 / 32: 28672 x 8192 73.8 / 74.5 -> 60.1 / 61.3, 8192 x 28672 67.3 / 68.1 ->
 // 56.1 / 57.5, 16384 x 12288 58.0 / 58.6 -> 47.9 / 49.3, 11008 x 28672 88.7 / 89.7 -> 71.5-71.9 / 73.1, 14336 x 8192
 // 39.4 / 39.9 -> 33.9 / 35.0, 28672 x 4096 37.7 / 38.1 -> 33.2 / 34.2, 8192 x 16384 40.1 / 40.7 -> 35.9 / 37.1.
+// The 16-token tile (session 30): mma.sync with 8 m16 tiles a warp under the same rule, us at M = 9 / 16: 28672 x
+// 8192 45.2-45.5 / 46.2-46.5 -> 42.9-43.0 / 44.2; past 8 splits it lost (8192 x 28672 in 13 of 35 atoms: 46.6 ->
+// 50.1-50.2 at 16 tokens; 11008 x 28672 in 12 of 38 gained 57.8 -> 56.0).
 inline constexpr int64_t kWholeMinAtomsPerSplit = 32;
 inline constexpr int kWholeIdleSmsDivisor = 16;
-inline constexpr int64_t kWhole32TokenMaxSplits = 8;
+inline constexpr int64_t kWholeMaxSplits = 8;  // past one token tile
 
 struct W4a16Problem {
   int64_t m, n, k, group_size;  // group_size == k: per channel
@@ -410,15 +418,16 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   }
   plan.k_lanes = 1;
   plan.lane_atoms = 1;
-  // Whole-SM CTAs (HasWholeForm, kWholeMinAtomsPerSplit): WholeMinWarps..WholeMaxWarps row warps, the most CTAs
-  // up to one per SM; ties go to more warps.
+  // Whole-SM CTAs (HasWholeForm, kWholeMinAtomsPerSplit, kWholeMaxSplits): WholeMinWarps..WholeMaxWarps row warps,
+  // the most CTAs up to one per SM (one wave: a second wave of a few CTAs would cost as long as the first); ties
+  // go to more warps.
   W4a16Launch whole = plan;
   whole.form = W4a16Form::kWhole;
   int64_t whole_ctas = 0;
   for (int warps = WholeMaxWarps(plan.m_tiles); warps >= WholeMinWarps(plan.m_tiles) && HasWholeForm(plan.m_tiles);
        --warps) {
     const auto [n_tiles, tiles, splits] = grid(warps, num_sms, W4a16Form::kWhole);
-    if (tiles * splits > whole_ctas) {
+    if (tiles * splits > whole_ctas && tiles * splits <= num_sms) {
       whole_ctas = tiles * splits;
       whole.warps = warps;
       whole.n_tiles = static_cast<int>(n_tiles);
@@ -427,7 +436,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   }
   const bool whole_fits = whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
                           CeilDiv(atoms, whole.splits) >= kWholeMinAtomsPerSplit &&
-                          (plan.m_tiles == 1 || whole.splits <= kWhole32TokenMaxSplits);
+                          (plan.m_tiles == 1 || whole.splits <= kWholeMaxSplits);
   if (mma_sync) {
     // A narrow launch of `form`: one row tile per cluster of `splits` CTAs (NarrowClusterSize), each CTA
     // with 1 / splits of K, k-lanes in runs of lane_atoms.
