@@ -17,7 +17,8 @@
 //    45.4 -> 48.2 us and 4096² 8.8 -> 10.4 us (session 10): 128 registers hold one step's A fragments in
 //    flight, so every k16 step waited for its wgmmas. At 16 tokens mma.sync with 4 tiles and raw codes
 //    against wgmma with 2: 55.1 -> 49.4 us at 28672 x 8192 (session 12; without memory waits 50.1 us:
-//    the wgmma tiles were compute-bound, at twice the warp-atoms and their bookkeeping).
+//    the wgmma tiles were compute-bound, at twice the warp-atoms and their bookkeeping). Whole-SM CTAs at 16
+//    tokens stay on mma.sync with 8 tiles a warp: wgmma with 4 there cost 46.6 -> 53.7 us (session 30).
 //
 // Numerics: exact Ŵ. No weight is rounded (MARLIN rounds (q − z)·s to bf16, a 2^-9 relative error per
 // weight); the only roundings are fp32 accumulation and the final cast, like the reference.
