@@ -255,14 +255,16 @@ def test_whole_sm_ctas(m):
     wgmma): both zero-point modes, bf16 and fp16, act-order, 32-wide groups, and a last warp with one valid pair
     of m16 tiles (N % 64 == 32; at 16 tokens N % 128 == 96 and == 32). The decode shapes' 28672 x 8192 runs them
     too (at 1, 3 and 16 tokens)."""
-    if m <= 8 or m > 16:
+    if 8 < m <= 16:  # 896-row CTAs (7 row warps of 8 tiles), and 1024-row ones (8 row warps)
+        cases = [
+            (28640, 8192, 128, True, FP16, False),
+            (28576, 8192, 64, False, BF16, True),
+            (32768, 8192, 32, True, BF16, True),
+        ]
+    else:
         cases = [(18432, 8192, 128, True, FP16, False), (18400, 8192, 64, False, BF16, True)]
-    else:  # 896-row CTAs
-        cases = [(28640, 8192, 128, True, FP16, False), (28576, 8192, 64, False, BF16, True)]
-    if m > 16:
-        cases.append((8192, 16384, 32, True, BF16, True))  # 8 row warps: no warp without rows
-    if 8 < m <= 16:
-        cases.append((32768, 8192, 32, True, BF16, True))  # 8 row warps
+        if m > 16:
+            cases.append((8192, 16384, 32, True, BF16, True))  # 8 row warps: no warp without rows
     warps = set()
     for n, k, group_size, zero_point, dtype, act_order in cases:
         plan = budget.w4a16_launch(m, n, k, group_size, act_order=act_order, num_sms=_num_sms())
