@@ -239,9 +239,10 @@ class W4a16Plan:
     narrow, ``cluster_sum_bytes``: the slots where the other CTAs of a K-split cluster put their accumulators
     (up to 3 warps' worth) and their mbarrier; ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see
     ``W4A16_FORMS``): "wide"; "whole", one CTA per SM of row warps (up to 16 with 4 m16 tiles each at the
-    one-token tile, 8 with 8 at the 16-token tile, 8 with 4 at the 32-token tile); "narrow" (the mma.sync
-    token tiles), one CTA per SM whose k-lanes share one warp's rows (4 m16 tiles, 64 rows), fed by a producer
-    warp; "narrow32", the same with 2 m16 tiles (32 rows)."""
+    one-token tile, 8 with 8 at the 16-token tile, 8 with 4 at the 32-token tile); "whole7", the same with 7
+    tiles a warp at the 16-token tile; "narrow" (the mma.sync token tiles), one CTA per SM whose k-lanes share
+    one warp's rows (4 m16 tiles, 64 rows), fed by a producer warp; "narrow32", the same with 2 m16 tiles (32
+    rows)."""
 
     m_tiles: int
     form: str
@@ -265,15 +266,15 @@ class W4a16Plan:
 
 
 _W4A16_FIELDS = 17
-W4A16_FORMS = ("wide", "whole", "narrow", "narrow32")  # W4a16Form in csrc/kernels/sm90/w4a16_gemm_plan.h, in its order
+W4A16_FORMS = ("wide", "whole", "narrow", "narrow32", "whole7")  # W4a16Form in csrc/kernels/sm90/w4a16_gemm_plan.h, in its order
 
 
 @dataclasses.dataclass(frozen=True)
 class W4a16Launch:
     """The launch plan of one w4a16 GEMM (PlanW4a16Launch): ``m_blocks`` x ``n_tiles`` x ``splits`` CTAs of
-    ``threads`` threads, of plan ``form`` (``w4a16_plan(m_tiles, form=form)``); wide and whole-SM CTAs own
-    ``warps`` warps' rows, narrow and narrow32 ones one warp's rows shared by ``k_lanes`` warps, each
-    computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole: 1). ``splits`` cuts K: wide and whole
+    ``threads`` threads, of plan ``form`` (``w4a16_plan(m_tiles, form=form)``); wide and whole-SM CTAs ("whole",
+    "whole7") own ``warps`` warps' rows, narrow and narrow32 ones one warp's rows shared by ``k_lanes`` warps, each
+    computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole-SM: 1). ``splits`` cuts K: wide and whole-SM
     through workspace partials that a tile's last CTA sums; narrow, as one cluster of ``splits`` CTAs whose
     accumulators rank 0 adds from its shared memory (no workspace)."""
 
@@ -303,7 +304,7 @@ def w4a16_m_tiles() -> list[int]:
 def w4a16_plan(m_tiles: int, *, form: str = "wide") -> W4a16Plan:
     """The solved shared-memory / occupancy plan of the sm90 w4a16 GEMM for one token tile and ``form``
     (``W4A16_FORMS``; the kernel instantiates "narrow" and "narrow32" for the mma.sync tiles, m_tiles <= 2,
-    and "whole" for m_tiles 1, 2 and 4)."""
+    "whole" for m_tiles 1, 2 and 4, and "whole7" for m_tiles 2)."""
     if form not in W4A16_FORMS:
         raise ValueError(f"form must be one of {W4A16_FORMS}, got {form!r}")
     out = (ctypes.c_int64 * _W4A16_FIELDS)()

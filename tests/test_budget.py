@@ -343,7 +343,8 @@ def test_w4a16_narrow_plans_add_up_fit_and_are_tight():
 def test_w4a16_whole_sm_plan_adds_up_fits_and_is_tight():
     """Whole-SM CTAs: one CTA per SM, its ring of 1-atom stages as deep as the SM's shared memory allows. At the
     one-token tile the warps of a wide pair (16) with 4 m16 tiles each, the same per SM as two wide CTAs; at the
-    16- and 32-token tiles 8 warps, twice the wide CTA's tiles a warp (so fewer, larger stages)."""
+    16- and 32-token tiles 8 warps, twice the wide CTA's tiles a warp (so fewer, larger stages); "whole7" at the
+    16-token tile 8 warps of 7 tiles (896 rows: 7 warps' worth of "whole" tiles)."""
     p = budget.w4a16_plan(1, form="whole")
     assert p.form == "whole" and p.ctas_per_sm == 1 and p.max_warps == 16 and p.stage_atoms == 1
     assert p.block_rows == 16 * 4 * 16 and p.stage_weight_bytes == 2 * budget.w4a16_plan(1).stage_weight_bytes
@@ -361,15 +362,21 @@ def test_w4a16_whole_sm_plan_adds_up_fits_and_is_tight():
     assert p16.stage_weight_bytes == 2 * wide16.stage_weight_bytes and p16.stage_x_bytes == wide16.stage_x_bytes
     _check_w4a16_plan(p16, max_stages=16)
     assert (p16.stages, p16.total_bytes) == (5, 205904)
+    p7 = budget.w4a16_plan(2, form="whole7")
+    assert p7.ctas_per_sm == 1 and p7.max_warps == 8 and (p7.tiles_per_warp, p7.block_rows) == (7, 8 * 7 * 16)
+    assert 8 * p7.stage_weight_bytes == 7 * p16.stage_weight_bytes and p7.stage_x_bytes == p16.stage_x_bytes
+    _check_w4a16_plan(p7, max_stages=16)
+    assert (p7.stages, p7.total_bytes) == (6, 217696)  # 7/8 of the weights: a sixth stage fits
     with pytest.raises(ValueError, match="form must be one of"):
         budget.w4a16_plan(1, form="paired")
 
 
 def test_table_lists_w4a16_plans():
-    assert budget.table().count("w4a16_gemm sm90:") == 4 + 3 + 2 + 2
-    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 7
+    assert budget.table().count("w4a16_gemm sm90:") == 4 + 3 + 1 + 2 + 2
+    assert budget.table().count("w4a16_gemm sm90:") - budget.table().count(", wide,") == 8
     assert budget.table().count(", narrow32 (") == 2
     assert budget.table().count(", whole-SM ") == 3
+    assert budget.table().count(", whole7 (") == 1
 
 
 def test_w4a16_narrow_ctas_serve_small_layers():
@@ -391,7 +398,7 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     assert not plan(17, 576, 1536).narrow and plan(17, 576, 1536).m_tiles == 4
     benchmark_shapes = ((28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096))
     assert [[plan(m, n, k).form for m in (1, 2, 4, 8, 16)] for n, k in benchmark_shapes] == [
-        ["whole"] * 5,  # 448 narrow row tiles: more than one wave
+        ["whole"] * 4 + ["whole7"],  # 448 narrow row tiles: more than one wave
         ["narrow"] * 3 + ["whole", "wide"],  # kNarrowOverWholeMaxTokens
         ["narrow"] * 4 + ["wide"],  # kNarrowTwoTileMaxAtoms
         ["narrow32"] * 5,
@@ -556,15 +563,21 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_the_32_token_tile():
 
 
 def test_w4a16_whole_sm_ctas_take_long_splits_at_the_16_token_tile():
-    """9-16 tokens: the same rule picks one CTA per SM of 7 or 8 warps with 8 m16 tiles each (mma.sync) instead of
+    """9-16 tokens: the same rule picks one CTA per SM of 8 warps, with 8 m16 tiles each or 7 ("whole7"), instead of
     a wide pair with 4 tiles a warp (session 30: 16 x 28672 x 8192 46.5 -> 44.2 us); more than 8 splits (8192 x
-    28672 in 13 lost, 46.6 -> 50.1 us) and short splits stay wide."""
+    28672 in 13 lost, 46.6 -> 50.1 us) and short splits stay wide. 896-row CTAs are 8 warps of 7 tiles, not 7 of 8
+    with a launched warp without rows (session 31: 43.6-43.9 -> 41.7-41.9 us); where both forms give as many
+    CTAs, the one with the fewer tiles x atoms a warp."""
     def launch(m, n, k):
         p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
         return p.form, p.warps, p.n_tiles, p.splits
 
-    assert launch(16, 28672, 8192) == launch(9, 28672, 8192) == ("whole", 7, 32, 4)  # 128 CTAs of 896 rows
-    assert launch(16, 28640, 8192) == ("whole", 7, 32, 4)  # the last warp: 6 valid tiles (N % 128 == 96)
+    assert launch(16, 28672, 8192) == launch(9, 28672, 8192) == ("whole7", 8, 32, 4)  # 128 CTAs of 896 rows
+    assert launch(16, 57344, 8192) == ("whole7", 8, 64, 2)
+    assert launch(16, 14336, 16384) == ("whole7", 8, 16, 8)  # "whole": 112 CTAs of 1024 rows
+    assert launch(16, 28640, 8192) == ("whole7", 8, 32, 4)  # the last warp: 5 valid tiles (N % 896 == 864)
+    assert launch(16, 16384, 16384) == ("whole", 8, 16, 8)  # 128 CTAs; "whole7": 114 or 133
+    assert launch(16, 18432, 14336) == ("whole", 8, 18, 7)  # 126 CTAs either way: 8 x 32 tile-atoms a warp, not 7 x 38
     for n, k in ((8192, 28672), (11008, 28672), (16384, 12288), (8192, 8192), (28672, 4096)):
         assert launch(16, n, k)[0] == "wide"
     assert launch(16, 128256, 4096) == ("whole", 8, 126, 1)  # one wave (not 144 CTAs of 7 warps)
@@ -633,7 +646,7 @@ def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
     assert "narrow plan" in out and "128 CTAs" in out and "8 k-lanes in runs of 2 atoms" in out and "workspace 0 bytes" in out
     budget.main(["--num-sms", "132", "w4a16", "16", "28672", "8192"])
     out = capsys.readouterr().out
-    assert "whole plan, 16-token tile" in out and "128 CTAs" in out and "7 row warps (896 rows)" in out
+    assert "whole7 plan, 16-token tile" in out and "128 CTAs" in out and "8 row warps (896 rows)" in out
     assert "4 split(s) of 32 atoms" in out and "workspace 7340032 bytes" in out
     budget.main(["--num-sms", "132", "w4a16", "1", "100", "4096"])
     assert "not served" in capsys.readouterr().out

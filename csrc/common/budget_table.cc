@@ -81,6 +81,7 @@ const char* W4a16FormName(jax_w4a4::sm90::w4a16::W4a16Form form) {
     case W4a16Form::kNarrow: return "narrow (k-lanes share the rows, a producer warp)";
     case W4a16Form::kNarrow32: return "narrow32 (narrow, 2 m16 tiles)";
     case W4a16Form::kWhole: return "whole-SM (one CTA holds the SM)";
+    case W4a16Form::kWhole7: return "whole7 (whole-SM, 7 m16 tiles)";
     default: return "wide";
   }
 }
@@ -113,8 +114,10 @@ __attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
     t += "\n";
     namespace w4a16 = jax_w4a4::sm90::w4a16;
     for (int m_tiles : w4a16::kMTileOptions) t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles));
-    for (int m_tiles : w4a16::kMTileOptions) {
-      if (w4a16::HasWholeForm(m_tiles)) t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles, w4a16::W4a16Form::kWhole));
+    for (const w4a16::W4a16Form form : {w4a16::W4a16Form::kWhole, w4a16::W4a16Form::kWhole7}) {
+      for (int m_tiles : w4a16::kMTileOptions) {
+        if (w4a16::HasForm(m_tiles, form)) t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles, form));
+      }
     }
     for (int m_tiles : w4a16::kMTileOptions) {
       if (m_tiles > w4a16::kMaxMmaSyncMTiles) continue;
@@ -188,7 +191,7 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
 }
 
 // The w4a16 plans: JaxW4a4W4a16MTiles writes the instantiated m_tiles options and returns their count;
-// JaxW4a4W4a16Plan writes one solved plan (form: W4a16Form, 0 wide, 1 whole-SM, 2 narrow, 3 narrow32): block_m, ctas_per_sm,
+// JaxW4a4W4a16Plan writes one solved plan (form: W4a16Form, 0 wide, 1 whole-SM, 2 narrow, 3 narrow32, 4 whole7): block_m, ctas_per_sm,
 // max_warps, stage_atoms, tiles_per_warp, block_rows, stages, stage_weight, stage_x, stage_scale, stage, ring, barriers,
 // cluster_sums, total, per_sm, fits (17 values); JaxW4a4W4a16Launch writes the launch plan of one problem (-1s: not served): m_tiles,
 // m_blocks, warps, n_tiles, splits, form, k_lanes, lane_atoms, threads (9 values).

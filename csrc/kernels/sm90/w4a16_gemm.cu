@@ -47,7 +47,10 @@
 // 128 CTAs of 14 warps, not 256 of 7): the pair's warps share one ring and end together. At the 16- and 32-token
 // tiles 7 or 8 row warps with twice the wide CTA's tiles (8 m16 tiles on mma.sync, 4 on wgmma; 202-254 registers a
 // thread): the X fragments or tile, the stage waits and the loop serve twice the weights (32 x 28672 x 8192: 74.3
-// -> 61.3 us, session 29; 16 x 28672 x 8192: 46.5 -> 44.2 us, session 30).
+// -> 61.3 us, session 29; 16 x 28672 x 8192: 46.5 -> 44.2 us, session 30). At 16 tokens the 896-row CTA is 8 warps
+// of 7 tiles (kWhole7, 190-220 registers), not 7 of 8: the eighth launched warp would run a row warp's MMAs on no
+// rows, and at 16 tokens an SM's time follows its busiest scheduler's MMAs (16 x 28672 x 8192: 43.6-43.9 -> 41.7-41.9
+// us, session 31).
 // Narrow CTAs (up to 16 tokens, layers of up to num_sms x 64 rows, where the planner in w4a16_gemm_plan.h
 // picks them: a narrow CTA streams about as much as the wide plan's busiest SM and pays no split-K round
 // trips): one CTA per SM owns one warp's 64 rows (narrow32: 32, two m16 tiles, for layers of up to 132 x 32
@@ -95,7 +98,8 @@
 //   = 103504 B (M_tile 8: 8 warps x 4 tiles, 5 stages, 2 CTAs/SM), 108624 B (16: 8 warps x 4 tiles,
 //     5 stages, 2 CTAs/SM), 222464 B (32: 16 stages, 1 CTA/SM), 216256 B (64: 12 stages, 1 CTA/SM);
 //   whole-SM (1 CTA/SM): 200784 B (M_tile 8: 16 warps x 4 tiles, 5 stages of 39936 B), 205904 B (16: 8 warps
-//     x 8 tiles, 5 stages of 40960 B), 213136 B (32: 8 warps x 4 tiles, 9 stages of 23552 B);
+//     x 8 tiles, 5 stages of 40960 B; kWhole7: 8 x 7, 6 stages of 36096 B, 217696 B), 213136 B (32: 8 warps x 4
+//     tiles, 9 stages of 23552 B);
 //   narrow (stages of 4 atoms of 64 rows, 1 CTA/SM): 228624 B (M_tile 8: 16 stages of 13824 B),
 //     228560 B (16: 12 stages of 17920 B), each with 6160 / 12304 B of cluster sums (3 slots of a warp's
 //     accumulators and their mbarrier) past the ring; the lanes' sums reuse the ring.
@@ -165,10 +169,9 @@ struct Config {
   static constexpr int kSmemBytes =
       kBarrierOffset + kPlan.barrier_bytes + kPlan.cluster_sum_bytes + budget::kSwizzledAlign;
 
-  static_assert(kTilesPerWarp % 2 == 0 && kRowGranule == 2 * kAtomRows, "a warp's valid tiles come in pairs");
   static_assert(kBlockM <= kMaxTokensPerBlock);
   static_assert(!kNarrow || kMTiles <= kMaxMmaSyncMTiles, "narrow CTAs run the mma.sync tiles");
-  static_assert(kForm != W4a16Form::kWhole || HasWholeForm(kMTiles), "whole-SM CTAs: the 8- to 32-token tiles");
+  static_assert(HasForm(kMTiles, kForm), "an instance the planner can pick");
   static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
   static_assert(kStageScaleBytes == kStageZerosOffset + kStageGroups * kBlockRows * kZeroBytes);
   static_assert(kStageWeightBytes == kBlockRows / kAtomRows * kRowBlockBytes);
@@ -400,8 +403,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   const int atom_begin = SplitAtomBegin(split, p.splits, p.atoms, kForm);
   const int atom_end = SplitAtomBegin(split + 1, p.splits, p.atoms, kForm);
   const int num_atoms = atom_end - atom_begin;
-  // m16 tiles of this warp inside N: 0 or a multiple of 2 (N % 32 == 0). Tiles past N arrive as the TMA's
-  // zeros and are never stored.
+  // m16 tiles of this warp inside N (kWhole7's 7-tile warps may hold an odd number). Tiles past N arrive as the
+  // TMA's zeros and are never stored.
   const int warp_tiles =
       row_warp < p.warps ? max(0, min(kTiles, (p.n - n0 - row_warp * Cfg::kWarpRows) / kAtomRows)) : 0;
   const bool warp_active = warp_tiles > 0;
@@ -889,8 +892,7 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
   return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_scales, tm_zeros, params);
 }
 
-// The instance of plan.form for one token tile: narrow forms for the mma.sync tiles, whole-SM for HasWholeForm's
-// tiles (the forms PlanW4a16Launch gives them), wide otherwise.
+// The instance of plan.form for one token tile (HasForm: the forms PlanW4a16Launch gives it), wide otherwise.
 template <typename T, int kMTiles>
 cudaError_t LaunchForm(const KernelParams& params, const W4a16Launch& plan, const void* x, const GemmArgs& args,
                        cudaStream_t stream) {
@@ -899,8 +901,11 @@ cudaError_t LaunchForm(const KernelParams& params, const W4a16Launch& plan, cons
     if (plan.form == F::kNarrow) return LaunchTyped<T, kMTiles, F::kNarrow>(params, plan, x, args, stream);
     if (plan.form == F::kNarrow32) return LaunchTyped<T, kMTiles, F::kNarrow32>(params, plan, x, args, stream);
   }
-  if constexpr (HasWholeForm(kMTiles)) {
+  if constexpr (HasForm(kMTiles, F::kWhole)) {
     if (plan.form == F::kWhole) return LaunchTyped<T, kMTiles, F::kWhole>(params, plan, x, args, stream);
+  }
+  if constexpr (HasForm(kMTiles, F::kWhole7)) {
+    if (plan.form == F::kWhole7) return LaunchTyped<T, kMTiles, F::kWhole7>(params, plan, x, args, stream);
   }
   return LaunchTyped<T, kMTiles, F::kWide>(params, plan, x, args, stream);
 }

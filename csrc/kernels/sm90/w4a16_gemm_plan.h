@@ -15,7 +15,8 @@
 // past 16 tokens the accumulators need more registers than two CTAs of 256 threads may have, so one CTA
 // per SM gets a deeper ring. Whole-SM plans (long splits: PlanW4a16Launch): one CTA per SM of up to
 // WholeMaxWarps row warps: at one token tile the two CTAs of a pair merged into one ring, at 16 and 32 tokens the
-// wide CTA with twice its tiles a warp (8 and 4: the registers of a CTA alone on its SM). Narrow plans (up to 16
+// wide CTA with twice its tiles a warp (8 and 4: the registers of a CTA alone on its SM; at 16 tokens also 7, in
+// kWhole7 plans: 8 warps of 7 tiles). Narrow plans (up to 16
 // tokens, layers of up to num_sms x 64 rows; PlanW4a16Launch says when, kMaxNarrowLanes how): one warp's
 // rows (narrow32 plans: half a warp's, kNarrow32TilesPerWarp), stages of kNarrowStageAtoms atoms (the X part
 // one 3-D box of the M token rows), one CTA per SM; past the ring, the cluster sums: the slots where the
@@ -35,6 +36,7 @@ inline constexpr int kAtomCols = 64;                     // four k16 MMA steps
 inline constexpr int kAtomBytes = kAtomRows * kAtomCols / 2;   // 512 B = 32 lanes x 16 B
 inline constexpr int kRowGranule = 32;                   // N % 32: a warp's tiles come in valid pairs
 inline constexpr int kMinWarps = 4;
+inline constexpr int kSchedulersPerSm = 4;             // warp schedulers (SM sub-partitions)
 inline constexpr int kMaxWarps = 8;
 inline constexpr int kXRowBytes = kAtomCols * 2;         // 128 B: one swizzle row (8 rows = 1 KB atom)
 inline constexpr int kMaxGroupsPerAtom = kAtomCols / 32;  // 32-wide groups: two per atom
@@ -50,35 +52,53 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide p
 // How a launch's CTAs hold an SM (W4a16Plan::form, W4a16Launch::form).
 //   kWide    CtasPerSm(m_tiles) CTAs of up to kMaxWarps row warps, each computing every atom of its K range.
 //   kWhole   one CTA of up to WholeMaxWarps(m_tiles) row warps of TilesPerWarp m16 tiles each (the 8-, 16- and
-//            32-token tiles: HasWholeForm; PlanW4a16Launch says when).
+//            32-token tiles: HasForm; PlanW4a16Launch says when).
+//   kWhole7  the same with 7 m16 tiles a warp at the 16-token tile: 8 row warps hold kWhole's 896-row CTA of 7
+//            warps, whose eighth launched warp owns no rows but runs a row warp's MMAs (W4a16Threads).
 //   kNarrow    one CTA of one warp's rows (4 m16 tiles, 64 rows), K shared by k-lanes (mma.sync token tiles;
 //              see kMaxNarrowLanes).
 //   kNarrow32  the same with 2 m16 tiles a warp (32 rows): twice the CTAs, for layers of up to num_sms x 32
 //              rows with K of up to kNarrowShortKAtoms atoms a CTA (see kNarrow32TilesPerWarp).
 //   Both narrow forms may split K over a cluster of CTAs (W4a16Launch::splits, kMaxNarrowCluster) that add
 //   their accumulators through distributed shared memory.
-enum class W4a16Form : int { kWide = 0, kWhole = 1, kNarrow = 2, kNarrow32 = 3 };
+enum class W4a16Form : int { kWide = 0, kWhole = 1, kNarrow = 2, kNarrow32 = 3, kWhole7 = 4 };
 constexpr bool IsNarrow(W4a16Form form) { return form == W4a16Form::kNarrow || form == W4a16Form::kNarrow32; }
+constexpr bool IsWhole(W4a16Form form) { return form == W4a16Form::kWhole || form == W4a16Form::kWhole7; }
 // Whole-SM CTAs: at one token tile up to 16 row warps of 4 m16 tiles (128 registers a thread, as two wide CTAs of
 // 8 warps); at 16 tokens (mma.sync) up to 8 row warps of 8 m16 tiles and at 32 (wgmma) up to 8 of 4, twice the wide
 // CTA's tiles a warp, whose accumulators and partials alone take 128 registers a thread (ptxas: 206-254 and
 // 202-211 with the A fragments).
-constexpr bool HasWholeForm(int m_tiles) { return m_tiles <= 4; }
+// Whether the kernel instantiates `form` for a token tile: narrow forms for the mma.sync tiles, whole-SM for the 8-
+// to 32-token tiles, kWhole7 for the 16-token tile.
+constexpr bool HasForm(int m_tiles, W4a16Form form) {
+  switch (form) {
+    case W4a16Form::kWide: return true;
+    case W4a16Form::kWhole: return m_tiles <= 4;
+    case W4a16Form::kWhole7: return m_tiles == 2;
+    default: return m_tiles <= kMaxMmaSyncMTiles;
+  }
+}
 constexpr int WholeMaxWarps(int m_tiles) { return m_tiles == 1 ? 16 : 8; }
 // The fewest row warps a whole-SM CTA gets: at one token tile more than a wide CTA's (8 or fewer warps are the
-// wide pair's plan); at 16 and 32 tokens 7, so that at most one of its two warpgroups' warps owns no rows (such a
-// warp runs a row warp's dequantization and MMAs: 6-warp plans lost 3-13% at 32 tokens, session 29; with 4-6 warps
-// of 8 tiles at 16 tokens 8192 x 28672 took 46.1 -> 51.0 us and 16384 x 12288 38.9 -> 43.3, session 30).
-constexpr int WholeMinWarps(int m_tiles) { return m_tiles == 1 ? kMaxWarps + 1 : WholeMaxWarps(m_tiles) - 1; }
+// wide pair's plan); at 32 tokens 7, so that at most one of its two warpgroups' warps owns no rows (such a warp runs
+// a row warp's dequantization and MMAs: 6-warp plans lost 3-13% at 32 tokens, session 29; with 4-6 warps of 8 tiles
+// at 16 tokens 8192 x 28672 took 46.1 -> 51.0 us and 16384 x 12288 38.9 -> 43.3, session 30); at 16 tokens 8, as
+// kWhole7 holds 7 warps' worth of 8 tiles (896 rows) in 8 warps of 7: 16 x 28672 x 8192 43.6-43.9 -> 41.7-41.9 us,
+// 16 x 57344 x 8192 78.1-78.2 -> 72.9-73.3 (session 31).
+constexpr int WholeMinWarps(int m_tiles) {
+  return m_tiles == 1 ? kMaxWarps + 1 : m_tiles == 2 ? WholeMaxWarps(m_tiles) : WholeMaxWarps(m_tiles) - 1;
+}
 // m16 tiles of W per warp: 4 up to 16 tokens, 2 beyond in wide CTAs (at 16 tokens 4 tiles' accumulators,
 // partials and column sums take 126-128 registers: all that two CTAs of 8 warps may have); whole-SM CTAs twice the
 // wide CTA's at 16 and 32 tokens (the X fragments, the stage waits and the bookkeeping of an atom serve twice the
 // weights; 2 tiles a warp in three CTAs of 8 warps an SM lost 20-30% at 16 tokens, session 30), 4 at one token
-// (8 a warp in 7 warps ran 1 x 28672 x 8192 no faster: 36.3 -> 36.3-36.4 us); narrow32 CTAs 2 at every token tile.
+// (8 a warp in 7 warps ran 1 x 28672 x 8192 no faster: 36.3 -> 36.3-36.4 us); kWhole7 7; narrow32 CTAs 2 at every
+// token tile.
 inline constexpr int kNarrow32TilesPerWarp = 2;
 constexpr int TilesPerWarp(int m_tiles, W4a16Form form = W4a16Form::kWide) {
   if (form == W4a16Form::kNarrow32) return kNarrow32TilesPerWarp;
   if (form == W4a16Form::kWhole) return m_tiles == 2 ? 8 : 4;
+  if (form == W4a16Form::kWhole7) return 7;
   return m_tiles <= kMaxMmaSyncMTiles ? 4 : 2;
 }
 constexpr int WarpRows(int m_tiles, W4a16Form form = W4a16Form::kWide) {
@@ -162,7 +182,7 @@ struct W4a16Plan {
 constexpr W4a16Plan SolveW4a16Plan(int m_tiles, W4a16Form form = W4a16Form::kWide) {
   W4a16Plan p{};
   const bool narrow = IsNarrow(form);
-  const int row_warps = narrow ? 1 : form == W4a16Form::kWhole ? WholeMaxWarps(m_tiles) : kMaxWarps;
+  const int row_warps = narrow ? 1 : IsWhole(form) ? WholeMaxWarps(m_tiles) : kMaxWarps;
   p.m_tiles = m_tiles;
   p.block_m = 8 * m_tiles;
   p.form = form;
@@ -418,20 +438,31 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   }
   plan.k_lanes = 1;
   plan.lane_atoms = 1;
-  // Whole-SM CTAs (HasWholeForm, kWholeMinAtomsPerSplit, kWholeMaxSplits): WholeMinWarps..WholeMaxWarps row warps,
-  // the most CTAs up to one per SM (one wave: a second wave of a few CTAs would cost as long as the first); ties
-  // go to more warps.
+  // Whole-SM CTAs (HasForm, kWholeMinAtomsPerSplit, kWholeMaxSplits): of the token tile's whole forms and
+  // WholeMinWarps..WholeMaxWarps row warps, the most CTAs up to one per SM (one wave: a second wave of a few CTAs
+  // would cost as long as the first); ties go to more row warps (a launched warp without rows runs a row warp's
+  // MMAs), then to the least MMA work on an SM's busiest scheduler (its launched warps x their m16 tiles x the
+  // split's atoms).
   W4a16Launch whole = plan;
-  whole.form = W4a16Form::kWhole;
   int64_t whole_ctas = 0;
-  for (int warps = WholeMaxWarps(plan.m_tiles); warps >= WholeMinWarps(plan.m_tiles) && HasWholeForm(plan.m_tiles);
-       --warps) {
-    const auto [n_tiles, tiles, splits] = grid(warps, num_sms, W4a16Form::kWhole);
-    if (tiles * splits > whole_ctas && tiles * splits <= num_sms) {
-      whole_ctas = tiles * splits;
-      whole.warps = warps;
-      whole.n_tiles = static_cast<int>(n_tiles);
-      whole.splits = static_cast<int>(splits);
+  int64_t whole_work = 0;
+  for (const W4a16Form form : {W4a16Form::kWhole, W4a16Form::kWhole7}) {
+    for (int warps = WholeMaxWarps(plan.m_tiles); warps >= WholeMinWarps(plan.m_tiles) && HasForm(plan.m_tiles, form);
+         --warps) {
+      const auto [n_tiles, tiles, splits] = grid(warps, num_sms, form);
+      const int64_t ctas = tiles * splits;
+      const int64_t work =
+          CeilDiv(W4a16Threads(warps) / 32, kSchedulersPerSm) * TilesPerWarp(plan.m_tiles, form) * CeilDiv(atoms, splits);
+      const bool better = ctas > whole_ctas ||
+                          (ctas == whole_ctas && (warps > whole.warps || (warps == whole.warps && work < whole_work)));
+      if (ctas <= num_sms && better) {
+        whole_ctas = ctas;
+        whole_work = work;
+        whole.form = form;
+        whole.warps = warps;
+        whole.n_tiles = static_cast<int>(n_tiles);
+        whole.splits = static_cast<int>(splits);
+      }
     }
   }
   const bool whole_fits = whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
