@@ -34,10 +34,10 @@ namespace jax_w4a4::sm90::w4a16 {
 inline constexpr int kAtomRows = 16;                     // one m16 MMA tile of W
 inline constexpr int kAtomCols = 64;                     // four k16 MMA steps
 inline constexpr int kAtomBytes = kAtomRows * kAtomCols / 2;   // 512 B = 32 lanes x 16 B
-inline constexpr int kRowGranule = 32;                   // N % 32: a warp's tiles come in valid pairs
+inline constexpr int kRowGranule = 32;                   // N % 32: valid m16 tiles in pairs (but kWhole7's warps)
 inline constexpr int kMinWarps = 4;
-inline constexpr int kSchedulersPerSm = 4;             // warp schedulers (SM sub-partitions)
 inline constexpr int kMaxWarps = 8;
+inline constexpr int kSchedulersPerSm = 4;              // warp schedulers (SM sub-partitions)
 inline constexpr int kXRowBytes = kAtomCols * 2;         // 128 B: one swizzle row (8 rows = 1 KB atom)
 inline constexpr int kMaxGroupsPerAtom = kAtomCols / 32;  // 32-wide groups: two per atom
 inline constexpr int kScaleBytes = 2;                    // bf16 / fp16
@@ -64,12 +64,11 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide p
 enum class W4a16Form : int { kWide = 0, kWhole = 1, kNarrow = 2, kNarrow32 = 3, kWhole7 = 4 };
 constexpr bool IsNarrow(W4a16Form form) { return form == W4a16Form::kNarrow || form == W4a16Form::kNarrow32; }
 constexpr bool IsWhole(W4a16Form form) { return form == W4a16Form::kWhole || form == W4a16Form::kWhole7; }
-// Whole-SM CTAs: at one token tile up to 16 row warps of 4 m16 tiles (128 registers a thread, as two wide CTAs of
-// 8 warps); at 16 tokens (mma.sync) up to 8 row warps of 8 m16 tiles and at 32 (wgmma) up to 8 of 4, twice the wide
-// CTA's tiles a warp, whose accumulators and partials alone take 128 registers a thread (ptxas: 206-254 and
-// 202-211 with the A fragments).
 // Whether the kernel instantiates `form` for a token tile: narrow forms for the mma.sync tiles, whole-SM for the 8-
-// to 32-token tiles, kWhole7 for the 16-token tile.
+// to 32-token tiles (one token: up to 16 row warps of 4 m16 tiles, 128 registers a thread, as two wide CTAs of 8
+// warps; 16 tokens, mma.sync: up to 8 row warps of 8 m16 tiles; 32, wgmma: up to 8 of 4, twice the wide CTA's tiles a
+// warp, whose accumulators and partials alone take 128 registers a thread: ptxas 206-254 and 202-211 with the A
+// fragments), kWhole7 (8 row warps of 7 tiles, 190-220 registers) for the 16-token tile.
 constexpr bool HasForm(int m_tiles, W4a16Form form) {
   switch (form) {
     case W4a16Form::kWide: return true;
