@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over small GPU test cases that reach every kernel instance: act_quant (row blocks, K
-# splits), w4a16 (narrow CTAs in runs of 2 atoms, their K-split clusters, split-K, mma.sync and wgmma token tiles, act-order gather)
+# splits), w4a16 (narrow CTAs in runs of 2 atoms, their K-split clusters, split-K, mma.sync and wgmma token tiles, act-order gather,
+# whole-SM CTAs planned for 8 SMs)
 # and w4a4 (the 8- to 128-token tiles, stream-K, the 2-CTA cluster with a phantom column tile, the expanded
 # weights of long prefills). The large shapes stay out: instrumented kernels run 10-100x slower. Run on the
 # GPU machine with build/libjax_w4a4.so built or carried:
@@ -30,6 +31,7 @@ CASE_GROUPS=(
   "w4a16_gemm:test_rows_not_a_multiple or test_leading_dims_and_small_split_k"
   "w4a16_gemm:test_every_group_size_with_act_order and (32 or 64)"
   "w4a16_gemm:test_every_group_size_with_act_order and (128 or -1)"
+  "w4a16_gemm:test_whole_sm_ctas_planned_for_few_sms"
   "w4a4_gemm:M1-N3072 or M7-N128 or M13-N4096 or M9-N128"
   "w4a4_gemm:M20-N28672 or M40-N4096"
   "w4a4_gemm:M64-N128"

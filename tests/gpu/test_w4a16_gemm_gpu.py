@@ -279,6 +279,29 @@ def test_whole_sm_ctas(m):
         assert plans == {("whole", 7), ("whole", 8)}
 
 
+# (n, k, group size, zero points, dtype, act-order), planned for 8 SMs -> the form at 1 / 16 / 32 tokens
+FEW_SMS_CASES = {
+    (1760, 8192, 64, True, FP16, False): ("whole", "whole7", "whole"),  # whole7: the last warp holds 5 valid tiles
+    (2048, 8192, 32, False, BF16, True): ("whole", "whole", "whole"),  # 1024-row 16-token CTAs
+    (1792, 8192, 128, False, BF16, False): ("whole", "whole7", "whole"),
+}
+
+
+@pytest.mark.parametrize("m", [1, 16, 32])
+def test_whole_sm_ctas_planned_for_few_sms(m, monkeypatch):
+    """The whole-SM forms on layers small enough for compute-sanitizer (benchmarks/sanitize.sh), planned for 8
+    SMs: the lowering plans for `_library.cuda_sm_count()` SMs, and another count changes only how the work is
+    split. Shapes of their own, so that no other test's compiled call is reused."""
+    monkeypatch.setattr(_library, "cuda_sm_count", lambda: 8)
+    _, packed, scales, zeros, g_idx, bias = weights(1792, 8192, 128, False, BF16, False)
+    lowered = _kernel.lower(activations((m,), 8192, BF16), packed, scales, zeros, g_idx, bias, group_size=128)
+    assert "num_sms = 8 : i64" in lowered.as_text()  # the kernel plans for what the budget calls below plan for
+    for (n, k, group_size, zero_point, dtype, act_order), forms in FEW_SMS_CASES.items():
+        plan = budget.w4a16_launch(m, n, k, group_size, act_order=act_order, num_sms=8)
+        assert plan.form == forms[[1, 16, 32].index(m)] and plan.n_tiles * plan.splits == 8
+        run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, act_order, True)
+
+
 def test_mismatched_act_order_gives_nan_not_a_wrong_answer():
     n, k = 576, 1536
     _, packed, scales, zeros, g_idx, bias = weights(n, k, 64, False, BF16, True)
