@@ -45,12 +45,12 @@
 // Whole-SM CTAs (long splits: the planner's rule in w4a16_gemm_plan.h): the same code with one CTA per SM. At one
 // token tile up to 16 row warps of 4 m16 tiles, where a wide plan would put two CTAs of up to 8 (1 x 28672 x 8192:
 // 128 CTAs of 14 warps, not 256 of 7): the pair's warps share one ring and end together. At the 16- and 32-token
-// tiles 7 or 8 row warps with twice the wide CTA's tiles (8 m16 tiles on mma.sync, 4 on wgmma; 202-254 registers a
+// tiles up to 8 row warps with twice the wide CTA's tiles (8 m16 tiles on mma.sync, 4 on wgmma; 202-254 registers a
 // thread): the X fragments or tile, the stage waits and the loop serve twice the weights (32 x 28672 x 8192: 74.3
-// -> 61.3 us, session 29; 16 x 28672 x 8192: 46.5 -> 44.2 us, session 30). At 16 tokens the 896-row CTA is 8 warps
-// of 7 tiles (kWhole7, 190-220 registers), not 7 of 8: the eighth launched warp would run a row warp's MMAs on no
-// rows, and at 16 tokens an SM's time follows its busiest scheduler's MMAs (16 x 28672 x 8192: 43.6-43.9 -> 41.7-41.9
-// us, session 31).
+// -> 61.3 us, session 29; 16 x 28672 x 8192: 46.5 -> 44.2 us, session 30). At 32 tokens a CTA may have 7 row warps;
+// at 16 an 896-row CTA is 8 warps of 7 tiles (kWhole7, 190-220 registers), not 7 of 8: the eighth launched warp
+// would run a row warp's MMAs on no rows, and at 16 tokens an SM's time follows its busiest scheduler's MMAs (16 x
+// 28672 x 8192: 43.6-43.9 -> 41.7-41.9 us, session 31).
 // Narrow CTAs (up to 16 tokens, layers of up to num_sms x 64 rows, where the planner in w4a16_gemm_plan.h
 // picks them: a narrow CTA streams about as much as the wide plan's busiest SM and pays no split-K round
 // trips): one CTA per SM owns one warp's 64 rows (narrow32: 32, two m16 tiles, for layers of up to 132 x 32
