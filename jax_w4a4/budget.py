@@ -98,6 +98,8 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4W4a16Plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4W4a16Launch.restype = None
     lib.JaxW4a4W4a16Launch.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2 + [ctypes.POINTER(ctypes.c_int64)]
+    lib.JaxW4a4W4a16SplitGranule.restype = ctypes.c_int
+    lib.JaxW4a4W4a16SplitGranule.argtypes = [ctypes.c_int]
     lib.JaxW4a4W4a16WorkspaceBytes.restype = ctypes.c_int64
     lib.JaxW4a4W4a16WorkspaceBytes.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2
     lib.JaxW4a4W4A4ExpandedWeightsMinTokens.restype = ctypes.c_int64
@@ -324,6 +326,15 @@ def w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, nu
     return W4a16Launch(*values[:5], W4A16_FORMS[values[5]], *values[6:])
 
 
+def w4a16_split_granule(form: str) -> int:
+    """The 64-wide atoms a K split of a w4a16 launch of ``form`` comes in whole runs of: 1 for wide and whole-SM
+    splits; a narrow K-split cluster's ranks split K in runs of 2 atoms, so a 4-atom stage starts on a 128-wide
+    group."""
+    if form not in W4A16_FORMS:
+        raise ValueError(f"form must be one of {W4A16_FORMS}, got {form!r}")
+    return int(_load().JaxW4a4W4a16SplitGranule(W4A16_FORMS.index(form)))
+
+
 def w4a16_workspace_bytes(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> int:
     """Device workspace of one w4a16 GEMM launch planned for ``num_sms`` SMs (split-K partials and
     the act-order gather of X); -1 when the kernel does not serve the shape."""
@@ -356,7 +367,8 @@ def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order:
         work = (f"{warp_rows} rows and all of K a CTA, {plan.k_lanes} k-lanes in runs of {plan.lane_atoms} atoms "
                 f"and a producer warp: no split-K")
     elif plan.narrow:
-        work = (f"{warp_rows} rows and 1/{plan.splits} of K a CTA (whole runs of 2 atoms), {plan.k_lanes} k-lanes in "
+        work = (f"{warp_rows} rows and 1/{plan.splits} of K a CTA (whole runs of {w4a16_split_granule(plan.form)} "
+                f"atoms), {plan.k_lanes} k-lanes in "
                 f"runs of {plan.lane_atoms} atoms and a producer warp; clusters of {plan.splits} CTAs add through "
                 f"shared memory")
     else:

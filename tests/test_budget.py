@@ -638,6 +638,14 @@ def test_w4a4_stream_k_workspace_follows_the_launch_plan():
     assert budget.w4a4_workspace_bytes(0, 28672, 8192, num_sms=132) == 0
 
 
+def test_w4a16_splits_come_in_whole_granules():
+    """K splits come in whole runs of w4a16_split_granule atoms: any atom for wide and whole-SM splits, runs of 2
+    for a narrow K-split cluster's ranks (a 4-atom stage then starts on a 128-wide group)."""
+    assert [budget.w4a16_split_granule(form) for form in budget.W4A16_FORMS] == [1, 1, 2, 2, 1]
+    with pytest.raises(ValueError, match="form must be one of"):
+        budget.w4a16_split_granule("paired")
+
+
 def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
     """`python -m jax_w4a4.budget w4a16 M N K` / `act_quant ROWS K`: how one call is launched, planned for
     --num-sms; shapes the kernels do not serve are said so, bad arguments are an error naming the argument."""
@@ -648,6 +656,8 @@ def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
     out = capsys.readouterr().out
     assert "whole7 plan, 16-token tile" in out and "128 CTAs" in out and "8 row warps (896 rows)" in out
     assert "4 split(s) of 32 atoms" in out and "workspace 7340032 bytes" in out
+    budget.main(["--num-sms", "132", "w4a16", "1", "1024", "4096"])  # a K-split cluster
+    assert "32 rows and 1/2 of K a CTA (whole runs of 2 atoms)" in capsys.readouterr().out
     budget.main(["--num-sms", "132", "w4a16", "1", "100", "4096"])
     assert "not served" in capsys.readouterr().out
     budget.main(["--num-sms", "132", "act_quant", "4096", "4096"])

@@ -225,6 +225,11 @@ __attribute__((visibility("default"))) void JaxW4a4W4a16Launch(int64_t m, int64_
   for (int64_t v : values) *out++ = v;
 }
 
+// The atoms a K split of a w4a16 launch of `form` (W4a16Form) comes in whole runs of (SplitGranule).
+__attribute__((visibility("default"))) int JaxW4a4W4a16SplitGranule(int form) {
+  return static_cast<int>(jax_w4a4::sm90::w4a16::SplitGranule(static_cast<jax_w4a4::sm90::w4a16::W4a16Form>(form)));
+}
+
 // Workspace bytes of one w4a16 launch planned for num_sms SMs (-1: shape not served): the FFI lowering
 // sizes the op's workspace result with it (jax_w4a4/ops/primitives.py).
 __attribute__((visibility("default"))) int64_t JaxW4a4W4a16WorkspaceBytes(int64_t m, int64_t n, int64_t k,
