@@ -296,6 +296,13 @@ class W4a16Launch:
         return self.form in ("narrow", "narrow32")
 
 
+def _w4a16_form_index(form: str) -> int:
+    """``form``'s W4a16Form value (its place in ``W4A16_FORMS``); a ValueError naming the forms otherwise."""
+    if form not in W4A16_FORMS:
+        raise ValueError(f"form must be one of {W4A16_FORMS}, got {form!r}")
+    return W4A16_FORMS.index(form)
+
+
 def w4a16_m_tiles() -> list[int]:
     """The token tiles (in n8 MMA tiles) the w4a16 kernel instantiates."""
     out = (ctypes.c_int64 * 16)()
@@ -307,10 +314,8 @@ def w4a16_plan(m_tiles: int, *, form: str = "wide") -> W4a16Plan:
     """The solved shared-memory / occupancy plan of the sm90 w4a16 GEMM for one token tile and ``form``
     (``W4A16_FORMS``; the kernel instantiates "narrow" and "narrow32" for the mma.sync tiles, m_tiles <= 2,
     "whole" for m_tiles 1, 2 and 4, and "whole7" for m_tiles 2)."""
-    if form not in W4A16_FORMS:
-        raise ValueError(f"form must be one of {W4A16_FORMS}, got {form!r}")
     out = (ctypes.c_int64 * _W4A16_FIELDS)()
-    _load().JaxW4a4W4a16Plan(m_tiles, W4A16_FORMS.index(form), out)
+    _load().JaxW4a4W4a16Plan(m_tiles, _w4a16_form_index(form), out)
     values = [int(v) for v in out]
     return W4a16Plan(m_tiles, form, *values[:-1], bool(values[-1]))
 
@@ -330,9 +335,7 @@ def w4a16_split_granule(form: str) -> int:
     """The 64-wide atoms a K split of a w4a16 launch of ``form`` comes in whole runs of: 1 for wide and whole-SM
     splits; a narrow K-split cluster's ranks split K in runs of 2 atoms, so a 4-atom stage starts on a 128-wide
     group."""
-    if form not in W4A16_FORMS:
-        raise ValueError(f"form must be one of {W4A16_FORMS}, got {form!r}")
-    return int(_load().JaxW4a4W4a16SplitGranule(W4A16_FORMS.index(form)))
+    return int(_load().JaxW4a4W4a16SplitGranule(_w4a16_form_index(form)))
 
 
 def w4a16_workspace_bytes(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> int:

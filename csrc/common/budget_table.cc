@@ -114,7 +114,7 @@ __attribute__((visibility("default"))) const char* JaxW4a4BudgetTable() {
     t += "\n";
     namespace w4a16 = jax_w4a4::sm90::w4a16;
     for (int m_tiles : w4a16::kMTileOptions) t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles));
-    for (const w4a16::W4a16Form form : {w4a16::W4a16Form::kWhole, w4a16::W4a16Form::kWhole7}) {
+    for (const w4a16::W4a16Form form : w4a16::kWholeForms) {
       for (int m_tiles : w4a16::kMTileOptions) {
         if (w4a16::HasForm(m_tiles, form)) t += DescribeW4a16(w4a16::SolveW4a16Plan(m_tiles, form));
       }

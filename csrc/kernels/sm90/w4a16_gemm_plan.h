@@ -77,6 +77,7 @@ constexpr bool HasForm(int m_tiles, W4a16Form form) {
     default: return m_tiles <= kMaxMmaSyncMTiles;
   }
 }
+inline constexpr W4a16Form kWholeForms[] = {W4a16Form::kWhole, W4a16Form::kWhole7};  // the planner's whole-SM choices
 constexpr int WholeMaxWarps(int m_tiles) { return m_tiles == 1 ? 16 : 8; }
 // The fewest row warps a whole-SM CTA gets: at one token tile more than a wide CTA's (8 or fewer warps are the
 // wide pair's plan); at 32 tokens 7, so that at most one of its two warpgroups' warps owns no rows (such a warp runs
@@ -239,7 +240,7 @@ inline constexpr int kMinAtomsPerManySplits = 16;
 // 4096 x 28672 25.2 -> 22.8), 80 beat 40 on nine shapes of ten (1 x 16384 x 3072 12.8-13.0 -> 11.7) and 60 on
 // three of them (1 x 11008² 24.3 -> 22.8-22.9).
 inline constexpr int64_t kReductionPercent = 80;
-// Whole-SM CTAs (HasWholeForm). At one token tile the two wide CTAs on an SM stream unevenly (session 15: 22.8
+// Whole-SM CTAs (HasForm). At one token tile the two wide CTAs on an SM stream unevenly (session 15: 22.8
 // and 30.1 us for the same bytes at 1 x 28672 x 8192), and a tile waits for its slowest split; one CTA with the pair's
 // warps on one ring does not. Session 25 (benchmarks/NOTES.md), a probe with whole-SM CTAs for every mma.sync
 // plan (us at M = 1 / 4 / 16, wide -> whole): 28672 x 8192 37.2-37.5 / 37.6 / 46.8 -> 36.3 / 36.4 / 46.6,
@@ -445,9 +446,9 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   W4a16Launch whole = plan;
   int64_t whole_ctas = 0;
   int64_t whole_work = 0;
-  for (const W4a16Form form : {W4a16Form::kWhole, W4a16Form::kWhole7}) {
-    for (int warps = WholeMaxWarps(plan.m_tiles); warps >= WholeMinWarps(plan.m_tiles) && HasForm(plan.m_tiles, form);
-         --warps) {
+  for (const W4a16Form form : kWholeForms) {
+    if (!HasForm(plan.m_tiles, form)) continue;
+    for (int warps = WholeMaxWarps(plan.m_tiles); warps >= WholeMinWarps(plan.m_tiles); --warps) {
       const auto [n_tiles, tiles, splits] = grid(warps, num_sms, form);
       const int64_t ctas = tiles * splits;
       const int64_t work =
