@@ -277,8 +277,9 @@ class W4a16Launch:
     ``threads`` threads, of plan ``form`` (``w4a16_plan(m_tiles, form=form)``); wide and whole-SM CTAs ("whole",
     "whole7") own ``warps`` warps' rows, narrow and narrow32 ones one warp's rows shared by ``k_lanes`` warps, each
     computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole-SM: 1). ``splits`` cuts K: wide and whole-SM
-    through workspace partials that a tile's last CTA sums; narrow, as one cluster of ``splits`` CTAs whose
-    accumulators rank 0 adds from its shared memory (no workspace)."""
+    through workspace partials that, for each row warp, the last of its splits to arrive sums (``arrival_counters``
+    of the library's pool: one per token block, column tile and row warp of the form); narrow, as one cluster of
+    ``splits`` CTAs whose accumulators rank 0 adds from its shared memory (no workspace, no counters)."""
 
     m_tiles: int
     m_blocks: int
@@ -289,6 +290,7 @@ class W4a16Launch:
     k_lanes: int
     lane_atoms: int
     threads: int
+    arrival_counters: int
 
     @property
     def narrow(self) -> bool:
@@ -323,7 +325,7 @@ def w4a16_plan(m_tiles: int, *, form: str = "wide") -> W4a16Plan:
 def w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> W4a16Launch | None:
     """The launch plan of one w4a16 GEMM planned for ``num_sms`` SMs; None when the kernel does not serve
     the shape."""
-    out = (ctypes.c_int64 * 9)()
+    out = (ctypes.c_int64 * 10)()
     _load().JaxW4a4W4a16Launch(m, n, k, group_size, int(act_order), num_sms, out)
     values = [int(v) for v in out]
     if values[0] < 0:
@@ -377,6 +379,8 @@ def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order:
     else:
         work = (f"{plan.warps} row warps ({plan.warps * warp_rows} rows) a CTA, K in {plan.splits} split(s) of "
                 f"{-(-(k // 64) // plan.splits)} atoms")
+        if plan.splits > 1:
+            work += f"; the last of a row warp's splits sums its rows ({plan.arrival_counters} arrival counters)"
     workspace = w4a16_workspace_bytes(m, n, k, group_size, act_order=act_order, num_sms=num_sms)
     return (f"{head}: {plan.form} plan, {8 * plan.m_tiles}-token tile\n"
             f"  {ctas} CTAs ({plan.m_blocks} token block(s) x {plan.n_tiles} column tiles x {plan.splits} split(s)) "

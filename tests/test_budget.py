@@ -284,6 +284,33 @@ def test_act_quant_launch_counters_fit_the_pool():
             assert p.arrival_counters <= limits.counters
 
 
+def test_w4a16_split_k_counts_one_arrival_counter_per_tile_and_row_warp():
+    """For each row warp, the last of its splits to arrive sums that warp's rows: a split-K launch uses one counter
+    per token block, column tile and row warp of its form (the CTA's launch bound: 16 for one-token whole-SM CTAs,
+    else 8); unsplit and narrow launches none. At every SM count the handlers accept they fit the pool."""
+    limits = budget.arrival_counter_limits()
+    assert limits.counters == 8192
+    plan = functools.partial(budget.w4a16_launch, group_size=128, act_order=False, num_sms=132)
+    whole1 = plan(1, 28672, 8192)  # 32 tiles of 14 row warps, launched as 16
+    assert (whole1.form, whole1.n_tiles, whole1.splits, whole1.arrival_counters) == ("whole", 32, 4, 32 * 16)
+    whole7 = plan(16, 28672, 8192)
+    assert (whole7.form, whole7.n_tiles, whole7.splits, whole7.arrival_counters) == ("whole7", 32, 4, 32 * 8)
+    wide = plan(64, 4096, 4096)  # one token block, 32 column tiles of 4 row warps: counters by the launch bound, 8
+    assert (wide.form, wide.m_blocks, wide.n_tiles, wide.warps, wide.arrival_counters) == ("wide", 1, 32, 4, 32 * 8)
+    blocks = plan(200, 4096, 4096)  # 4 token blocks x 16 column tiles
+    assert (blocks.m_blocks, blocks.n_tiles, blocks.arrival_counters) == (4, 16, 4 * 16 * 8)
+    assert plan(1, 8192, 8192).arrival_counters == 0  # narrow, unsplit
+    assert plan(1, 1024, 4096).arrival_counters == 0  # a narrow K-split cluster adds in shared memory
+    for num_sms in (1, 8, 132, limits.max_num_sms):
+        for m, n, k in [(1, 28672, 8192), (16, 28672, 8192), (32, 8192, 28672), (64, 4096, 4096), (200, 11008, 4096),
+                        (1, 152064, 8192), (16, 32, 152064), (9, 4096, 14336)]:
+            p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=num_sms)
+            split = p.splits > 1 and not p.narrow
+            assert p.arrival_counters == (p.m_blocks * p.n_tiles * budget.w4a16_plan(p.m_tiles, form=p.form).max_warps
+                                          if split else 0)
+            assert p.arrival_counters <= limits.counters
+
+
 def test_table_lists_act_quant_plans():
     text = budget.table()
     assert text.count("act_quant sm90:") == len(budget.act_quant_shapes()) == 8
@@ -388,7 +415,7 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)
     assert (small.form, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == ("narrow32", 18, 1, 1, 6, 7 * 32)
-    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 48, 1, "narrow32", 3, 2, 4 * 32)  # 9 atoms: 3 stages
+    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 48, 1, "narrow32", 3, 2, 4 * 32, 0)  # 9 atoms: 3 stages
     assert plan(1, 1024, 1024).k_lanes == 4 and plan(1, 384, 4096) is not None
     # 4096 rows: 128 narrow32 CTAs; 8192 rows: 256 do not fit one wave, 128 narrow ones do; 8512 rows: 133 do not.
     assert [plan(1, n, 1024).form for n in (4096, 8192, 8512)] == ["narrow32", "narrow", "wide"]
@@ -656,6 +683,7 @@ def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
     out = capsys.readouterr().out
     assert "whole7 plan, 16-token tile" in out and "128 CTAs" in out and "8 row warps (896 rows)" in out
     assert "4 split(s) of 32 atoms" in out and "workspace 7340032 bytes" in out
+    assert "the last of a row warp's splits sums its rows (256 arrival counters)" in out
     budget.main(["--num-sms", "132", "w4a16", "1", "1024", "4096"])  # a K-split cluster
     assert "32 rows and 1/2 of K a CTA (whole runs of 2 atoms)" in capsys.readouterr().out
     budget.main(["--num-sms", "132", "w4a16", "1", "100", "4096"])

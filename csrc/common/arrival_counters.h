@@ -1,12 +1,12 @@
 // Arrival counters that re-arm themselves, so a launch needs no memset before it.
 //
 // The split-K reductions (act_quant's LA partials, w4a16's fragment partials) and W4A4's stream-K flags
-// count CTAs arriving at a shared result. Zeroing such counters in the XLA workspace took a
+// count CTAs (w4a16: warps) arriving at a shared result. Zeroing such counters in the XLA workspace took a
 // cudaMemsetAsync before every launch, which cost ~2.4 µs of GPU time per call in a chain of decode
 // GEMMs (benchmarks/NOTES.md, session 8): 5% of a 45 µs layer. Instead the counters live in device memory
 // the library owns (one pool per kernel file: a `static` variable of this header), zero when the module
-// loads, and every launch leaves the counters it used at 0 again before it exits (the CTA that sees the
-// last arrival re-arms its counter). The next launch of the kernel in the stream starts after this one
+// loads, and every launch leaves the counters it used at 0 again before it exits (the CTA or warp that sees
+// the last arrival re-arms its counter). The next launch of the kernel in the stream starts after this one
 // has finished, so it always finds zeros.
 //
 // The price: two launches of one kernel must not run at the same time on one device, as they would
@@ -28,13 +28,13 @@ namespace jax_w4a4 {
 // The largest SM count a launch may be planned for (the handlers reject larger `num_sms` attributes).
 inline constexpr int kMaxNumSms = 1024;
 // Counters per kernel: the most one launch planned for kMaxNumSms SMs may use (each plan header
-// static_asserts its bound; W4A4 stream-K takes the most: 2 per resident CTA at 2 CTAs per SM).
-inline constexpr int64_t kArrivalCounters = 4096;
+// static_asserts its bound; w4a16's split-K takes the most: one per column tile and row warp, 8192).
+inline constexpr int64_t kArrivalCounters = 8192;
 
 #ifdef __CUDACC__
 static __device__ uint32_t g_arrival_counters[kArrivalCounters];
 
-// ArriveLast in two halves, so that a CTA can go on working between its arrival and the answer. ArriveBegin:
+// A CTA's arrival in two halves, so that it can go on working between its arrival and the answer. ArriveBegin:
 // called by every thread after its share of the result is stored; thread 0 arrives with one acq_rel atomic
 // (release: the CTA's stores, ordered before it by bar.sync, are visible to whoever acquires the counter;
 // acquire: if it arrives last it sees every other CTA's stores), and the other warps do not wait for it.
@@ -59,9 +59,21 @@ __device__ __forceinline__ bool ArriveEnd(uint32_t* counter, uint32_t arrivals, 
   return __syncthreads_or(last);
 }
 
-// Both halves at once: the CTA has nothing to do in between.
-__device__ __forceinline__ bool ArriveLast(uint32_t* counter, uint32_t arrivals) {
-  return ArriveEnd(counter, arrivals, ArriveBegin(counter));
+// One warp's arrival, whose CTA's other warps go on (no bar.sync: a CTA's warps end their loops up to
+// microseconds apart; w4a16's split-K, session 32): called by every lane after its share of the result is stored; lane 0 arrives with one
+// acq_rel atomic (__syncwarp orders the lanes' stores before it, as bar.sync does for a CTA) and re-arms the
+// counter when it is the last of `arrivals`; true in every lane of that warp (__syncwarp carries lane 0's acquire
+// to them).
+__device__ __forceinline__ bool WarpArriveLast(uint32_t* counter, uint32_t arrivals) {
+  __syncwarp();
+  uint32_t earlier_arrivals = 0;
+  if (threadIdx.x % 32 == 0) {
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(earlier_arrivals) : "l"(counter) : "memory");
+    if (earlier_arrivals == arrivals - 1) atomicExch(counter, 0u);
+  }
+  const bool last = __shfl_sync(0xFFFFFFFFu, earlier_arrivals, 0) == arrivals - 1;
+  __syncwarp();
+  return last;
 }
 
 // Host check of the invariant (for tests; synchronizes the current device): how many counters of this

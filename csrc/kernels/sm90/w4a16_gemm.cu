@@ -40,8 +40,11 @@
 // `splits` CTAs), chosen on the host so one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). The CTA
 // launches whole warpgroups; the warps past `warps` own no rows and only join the wgmmas. Tokens beyond 64 run
 // as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to the workspace in MMA
-// fragment order; the last CTA of a tile to arrive (an arrival counter of common/arrival_counters.h, which
-// re-arms itself: no memset) sums them in split order — deterministic, no host sync, CUDA-graph safe.
+// fragment order; for each row warp, the last of its splits to arrive (an arrival counter per tile and row warp,
+// common/arrival_counters.h, which re-arms itself: no memset) sums that warp's rows in split order —
+// deterministic, no host sync, CUDA-graph safe. Per warp, not per CTA: a CTA's warps end their loops up to
+// microseconds apart, and the tile's sum and epilogue spread over the warps of its splits (session 32, us at M = 1
+// / 16: 28672 x 8192 36.0 / 41.5-41.8 -> 35.3-35.4 / 40.9-41.3, 8192 x 28672 (16 splits) 46.3-46.4 -> 45.1 at 16).
 // Whole-SM CTAs (long splits: the planner's rule in w4a16_gemm_plan.h): the same code with one CTA per SM. At one
 // token tile up to 16 row warps of 4 m16 tiles, where a wide plan would put two CTAs of up to 8 (1 x 28672 x 8192:
 // 128 CTAs of 14 warps, not 256 of 7): the pair's warps share one ring and end together. At the 16- and 32-token
@@ -86,7 +89,7 @@
 //    every group end retires all and promotes. mma.sync (8, 16 tokens): an ldmatrix per two k16 steps and
 //    token tile, one MMA per tile and token tile (raw codes: plus the column sums), promotion at group ends.
 //  * epilogue: + β in fp32, cast, store (split-K: fragment-order partials of the lanes that hold a token
-//    < M, arrival counter, ordered reduction).
+//    < M, a row warp's arrival counter, ordered reduction).
 // Act-order: the weights are stored in argsort(g_idx) order; LaunchGemm first gathers X's columns in
 // that order (a small kernel, into the workspace) and checks g_idx against the stored permutation: a mismatch
 // turns the affected columns into NaN, so a wrong g_idx can never give a plausible wrong answer.
@@ -712,7 +715,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
     }
   }
 
-  // ---- split-K: fragment-order partials, the last CTA of the tile sums them in split order
+  // ---- split-K: fragment-order partials; for each row warp, the last of its splits to arrive sums them in split
+  // order
   if (!kNarrow && p.splits > 1) {
     // Lane quad c holds tokens 2c, 2c + 1 of each token tile. With one token tile, only the quads that
     // hold a token < M are stored and summed (M = 1: a quarter of the bytes; the others hold padding
@@ -724,7 +728,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
     float4* tile_partials =
         p.partials + static_cast<size_t>(m_block * p.n_tiles + tile) * p.splits * slot_float4s;
     const int fragment = row_warp * kTiles * kMTiles * live_lanes + (lane / 4) * live_quads + lane % 4;
-    if (warp_active && lane_live) {
+    if (!warp_active) return;  // its rows are past N in every split
+    if (lane_live) {
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
@@ -734,7 +739,10 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
         }
       }
     }
-    if (!ArriveLast(g_arrival_counters + m_block * p.n_tiles + tile, p.splits)) return;  // one per tile
+    // One counter per tile and row warp (W4a16ArrivalCounters): the last of a row warp's splits to arrive sums that
+    // warp's rows, with no wait for the CTA's other warps.
+    const int counter = (m_block * p.n_tiles + tile) * W4a16CounterWarps(kMTiles, kForm) + row_warp;
+    if (!WarpArriveLast(g_arrival_counters + counter, p.splits)) return;
     // Split-major, every fragment's load of a split issued together and ~16 float4 loads in flight: the
     // sum costs ~splits x fragments / 16 L2 round trips instead of one per split and fragment.
     constexpr int kSplitsInFlight = std::max(1, 16 / (kTiles * kMTiles));
@@ -743,7 +751,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
 #pragma unroll
       for (int e = 0; e < kFrag; ++e) acc[t][e] = 0.f;
     }
-    if (warp_active && lane_live) {
+    if (lane_live) {
 #pragma unroll kSplitsInFlight
       for (int s = 0; s < p.splits; ++s) {
         float4 v[kTiles][kMTiles];

@@ -514,8 +514,17 @@ constexpr int W4a16LaunchThreads(const W4a16Launch& plan) {
   return IsNarrow(plan.form) ? (plan.k_lanes + 1) * 32 : W4a16Threads(plan.warps);
 }
 
-// Split-K fragment-order partials, then the act-order gather of X (bf16/fp16). The split-K arrival
-// counters (one per tile) are common/arrival_counters.h's, not workspace.
+// Split-K arrival counters (common/arrival_counters.h, not workspace): one per token block, column tile and row warp
+// of the form (its plan's max_warps), since the last of a row warp's splits to arrive sums that warp's rows; none
+// for unsplit and narrow launches. The kernel's counter of (m_block, tile, row_warp) is
+// (m_block x n_tiles + tile) x W4a16CounterWarps + row_warp.
+constexpr int W4a16CounterWarps(int m_tiles, W4a16Form form) { return SolveW4a16Plan(m_tiles, form).max_warps; }
+constexpr int64_t W4a16ArrivalCounters(const W4a16Launch& plan) {
+  if (plan.splits == 1 || IsNarrow(plan.form)) return 0;
+  return int64_t{plan.m_blocks} * plan.n_tiles * W4a16CounterWarps(plan.m_tiles, plan.form);
+}
+
+// Split-K fragment-order partials, then the act-order gather of X (bf16/fp16).
 constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16Launch& plan) {
   const auto align = [](int64_t bytes) { return budget::AlignUp(bytes, budget::kWorkspaceAlign); };
   W4a16Workspace ws{};
@@ -533,11 +542,18 @@ constexpr W4a16Workspace LayOutW4a16Workspace(const W4a16Problem& p, const W4a16
   return ws;
 }
 
-// A split (splits >= 2) needs tiles <= slots / 2 (splits = slots / tiles), so the arrival counters, one
-// per tile, fit the pool for every num_sms the handlers accept.
+// A split (splits >= 2) needs tiles <= slots / 2 (splits = slots / tiles; whole-SM: slots = num_sms), so the
+// arrival counters, W4a16CounterWarps per tile, fit the pool for every num_sms the handlers accept.
 constexpr bool W4a16CountersFitPool() {
+  const auto fits = [](int m_tiles, W4a16Form form) {
+    const int64_t max_tiles = int64_t{kMaxNumSms} * SolveW4a16Plan(m_tiles, form).ctas_per_sm / 2;
+    return !HasForm(m_tiles, form) || max_tiles * W4a16CounterWarps(m_tiles, form) <= kArrivalCounters;
+  };
   for (int m_tiles : kMTileOptions) {
-    if (int64_t{kMaxNumSms} * CtasPerSm(m_tiles) / 2 > kArrivalCounters) return false;
+    if (!fits(m_tiles, W4a16Form::kWide)) return false;
+    for (W4a16Form form : kWholeForms) {
+      if (!fits(m_tiles, form)) return false;
+    }
   }
   return true;
 }
