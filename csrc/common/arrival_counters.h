@@ -60,10 +60,10 @@ __device__ __forceinline__ bool ArriveEnd(uint32_t* counter, uint32_t arrivals, 
 }
 
 // One warp's arrival, whose CTA's other warps go on (no bar.sync: a CTA's warps end their loops up to
-// microseconds apart; w4a16's split-K, session 32): called by every lane after its share of the result is stored; lane 0 arrives with one
-// acq_rel atomic (__syncwarp orders the lanes' stores before it, as bar.sync does for a CTA) and re-arms the
-// counter when it is the last of `arrivals`; true in every lane of that warp (__syncwarp carries lane 0's acquire
-// to them).
+// microseconds apart; w4a16's split-K, session 32). Called by every lane after its share of the result is
+// stored; lane 0 arrives with one acq_rel atomic (__syncwarp orders the lanes' stores before it, as bar.sync
+// does for a CTA) and re-arms the counter when it is the last of `arrivals`; true in every lane of that warp
+// (__syncwarp carries lane 0's acquire to them).
 __device__ __forceinline__ bool WarpArriveLast(uint32_t* counter, uint32_t arrivals) {
   __syncwarp();
   uint32_t earlier_arrivals = 0;
