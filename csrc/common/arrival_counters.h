@@ -44,13 +44,16 @@ static __device__ uint32_t g_arrival_counters[kArrivalCounters];
 // No separate fences: __threadfence() is fence.sc.gpu (MEMBAR.SC.GPU), which thread 0 ran before its atomic and
 // every thread of the last CTA after it; the acq_rel atomic is one MEMBAR.ALL.GPU in thread 0 (session 23:
 // 0.1-0.9 us less per split call in act_quant, w4a16 and W4A4's stream-K; benchmarks/NOTES.md).
+// One arrival: an acq_rel atomic increment at GPU scope; the arrivals before it.
+__device__ __forceinline__ uint32_t ArriveAcqRel(uint32_t* counter) {
+  uint32_t earlier_arrivals;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(earlier_arrivals) : "l"(counter) : "memory");
+  return earlier_arrivals;
+}
+
 __device__ __forceinline__ uint32_t ArriveBegin(uint32_t* counter) {
   __syncthreads();
-  uint32_t earlier_arrivals = 0;
-  if (threadIdx.x == 0) {  // the result is read only in ArriveEnd
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(earlier_arrivals) : "l"(counter) : "memory");
-  }
-  return earlier_arrivals;
+  return threadIdx.x == 0 ? ArriveAcqRel(counter) : 0;  // the result is read only in ArriveEnd
 }
 
 __device__ __forceinline__ bool ArriveEnd(uint32_t* counter, uint32_t arrivals, uint32_t earlier_arrivals) {
@@ -68,7 +71,7 @@ __device__ __forceinline__ bool WarpArriveLast(uint32_t* counter, uint32_t arriv
   __syncwarp();
   uint32_t earlier_arrivals = 0;
   if (threadIdx.x % 32 == 0) {
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(earlier_arrivals) : "l"(counter) : "memory");
+    earlier_arrivals = ArriveAcqRel(counter);
     if (earlier_arrivals == arrivals - 1) atomicExch(counter, 0u);
   }
   const bool last = __shfl_sync(0xFFFFFFFFu, earlier_arrivals, 0) == arrivals - 1;
