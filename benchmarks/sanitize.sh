@@ -6,6 +6,7 @@
 # weights of long prefills). The large shapes stay out: instrumented kernels run 10-100x slower. Run on the
 # GPU machine with build/libjax_w4a4.so built or carried:
 #   bash benchmarks/sanitize.sh [tools...]      (default: memcheck; also racecheck, synccheck, initcheck)
+#   SANITIZE_ONLY=regex runs only the groups whose "op:selection" line matches (grep -E), e.g. 'w4a16.*split_k'
 # One process per case group, so a crash ends one group only. XLA's default (pooled) allocator: memcheck then
 # sees shared-memory bounds, misaligned accesses, hardware exceptions and accesses outside XLA's pool, not a
 # buffer overrunning into its neighbour in the pool (XLA_PYTHON_CLIENT_ALLOCATOR=platform gives every buffer
@@ -43,6 +44,7 @@ compute-sanitizer --version | tail -1
 status=0
 for tool in ${@:-memcheck}; do
   for group in "${CASE_GROUPS[@]}"; do
+    [ -z "${SANITIZE_ONLY:-}" ] || grep -qE -- "$SANITIZE_ONLY" <<< "$group" || continue
     op=${group%%:*} selection=${group#*:}
     log="$logs/${tool}_${op}_$(echo "$selection" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).log"
     timeout "${SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 97 --print-limit 20 \
