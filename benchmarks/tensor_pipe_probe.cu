@@ -1,9 +1,9 @@
-// Tensor-pipe rates of the two MMA instructions the w4a16 kernel can use for a 16-token tile, measured in
-// isolation (benchmarks/NOTES.md, session 33): mma.sync m16n8k16 bf16 -> f32 (cycles per instruction per SM
-// sub-partition, by warps per sub-partition and by independent accumulators per warp) and wgmma m64nNk16 bf16
-// with A from registers (cycles per instruction per SM, by N and warpgroups). One CTA per SM (200 KB of
-// dynamic shared memory each), clock64 around the loop, averaged over the SMs. No memory traffic in the loop.
-// Build and run on the GPU machine:
+// Tensor-pipe rates of the MMA instructions the w4a16 kernel uses, measured in isolation (benchmarks/NOTES.md,
+// session 33): mma.sync m16n8k16 bf16 -> f32 (cycles per instruction per SM sub-partition, by warps per
+// sub-partition and by independent accumulators per warp), and wgmma m64nNk16 bf16 with A from registers
+// (cycles per instruction per SM, by N and warpgroups; then with A dequantized before every commit group, as in
+// the kernel's wgmma steps). One CTA per SM (200 KB of dynamic shared memory each), clock64 around the loop,
+// averaged over the SMs; no memory traffic in the loop. Build and run on the GPU machine:
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I csrc -o /tmp/tensor_pipe_probe \
 //     benchmarks/tensor_pipe_probe.cu && /tmp/tensor_pipe_probe
 #include <cuda_runtime.h>
@@ -27,7 +27,7 @@ using jax_w4a4::sm90::WgmmaWait;
 // injected warpgroup waits into it (C7517).
 constexpr int kIters = 2048;
 constexpr int kSmemBytes = 200 * 1024;  // one CTA per SM
-constexpr int kWgmmasPerGroup = 4;      // independent accumulators per commit group
+constexpr int kWgmmasPerGroup = 4;      // wgmmas per commit group with a constant A
 
 __device__ __forceinline__ void MmaSync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -57,34 +57,51 @@ __global__ void MmaSyncLoop(float* sink, long long* cycles, int iters) {
   if (threadIdx.x == 0) cycles[blockIdx.x] = end - start;
 }
 
-// Each warpgroup issues iters commit groups of kWgmmasPerGroup wgmmas, at most two groups in flight.
-template <int kN>
+// The w4a16 kernel's bf16 dequantization of one A register: nibbles p and p + 4 of a word, as q - 8 in bf16.
+__device__ __forceinline__ uint32_t DequantizeBf16(uint32_t word, int p) {
+  uint32_t masked, a;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(masked) : "r"(word >> (4 * p)), "r"(0x000F000Fu), "r"(0x43004300u));
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(a) : "r"(masked), "r"(0x3F803F80u), "r"(0xC308C308u));
+  return a;
+}
+
+// Each warpgroup issues iters commit groups of kTiles wgmmas (one accumulator each), at most two groups in
+// flight. kDequantize: every group's A registers are first computed from a fresh word per tile, as the w4a16
+// kernel's steps do (3 shifts, 4 lop3 and 4 packed FMAs per 8 weights); else A is constant.
+template <int kN, int kTiles, bool kDequantize>
 __global__ void WgmmaLoop(float* sink, long long* cycles, int iters) {
   extern __shared__ __align__(1024) uint8_t smem[];
   for (int i = threadIdx.x; i < 16 * 256 / 2; i += blockDim.x) reinterpret_cast<uint32_t*>(smem)[i] = 0x3F803F80u;
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
   const uint64_t desc_b = MakeSmemDesc(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), 128, 256, kSwizzleNone);
-  uint32_t a[4] = {threadIdx.x * 0x00010001u, 0x3F803F80u, 0x3F803F80u, threadIdx.x};
-  float acc[kWgmmasPerGroup][kN / 2] = {};
+  float acc[kTiles][kN / 2] = {};
   const long long start = clock64();
   for (int i = 0; i < iters; ++i) {
+    uint32_t a[kTiles][4];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        a[t][p] = kDequantize ? DequantizeBf16((threadIdx.x + 7 * t) * 0x9E3779B9u + i, p) : 0x3F803F80u;
+      }
+    }
     WgmmaFence();
 #pragma unroll
-    for (int c = 0; c < kWgmmasPerGroup; ++c) Wgmma<kN>::template Half<true>(acc[c], a, desc_b, 1);
+    for (int t = 0; t < kTiles; ++t) Wgmma<kN>::template Half<true>(acc[t], a[t], desc_b, 1);
     WgmmaCommit();
     WgmmaWait<1>();
   }
   WgmmaWait<0>();
 #pragma unroll
-  for (int c = 0; c < kWgmmasPerGroup; ++c) FenceOperands(acc[c]);
+  for (int t = 0; t < kTiles; ++t) FenceOperands(acc[t]);
   __syncthreads();
   const long long end = clock64();
   float sum = 0.f;
 #pragma unroll
-  for (int c = 0; c < kWgmmasPerGroup; ++c) {
+  for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-    for (int e = 0; e < kN / 2; ++e) sum += acc[c][e];
+    for (int e = 0; e < kN / 2; ++e) sum += acc[t][e];
   }
   sink[blockIdx.x * blockDim.x + threadIdx.x] = sum;
   if (threadIdx.x == 0) cycles[blockIdx.x] = end - start;
@@ -115,12 +132,12 @@ void ReportMmaSync(int warps_per_subpartition, int sms, float* sink, long long* 
               warps_per_subpartition, kChains, per_mma, 4 * 16 * 8 * 16 / per_mma);
 }
 
-template <int kN>
+template <int kN, int kTiles = kWgmmasPerGroup, bool kDequantize = false>
 void ReportWgmma(int warpgroups, int sms, float* sink, long long* cycles) {
-  const double loop = MeanLoopCycles(WgmmaLoop<kN>, 128 * warpgroups, sms, sink, cycles);
-  const double per_wgmma = loop / (static_cast<double>(kIters) * kWgmmasPerGroup * warpgroups);
-  std::printf("  wgmma m64n%dk16, %d warpgroup(s): %5.2f cycles per SM (%4.0f MAC/clk/SM)\n", kN, warpgroups,
-              per_wgmma, 64 * kN * 16 / per_wgmma);
+  const double loop = MeanLoopCycles(WgmmaLoop<kN, kTiles, kDequantize>, 128 * warpgroups, sms, sink, cycles);
+  const double per_wgmma = loop / (static_cast<double>(kIters) * kTiles * warpgroups);
+  std::printf("  wgmma m64n%dk16, %d warpgroup(s), %d per group%s: %5.2f cycles per SM (%4.0f MAC/clk/SM)\n", kN,
+              warpgroups, kTiles, kDequantize ? ", A dequantized each group" : "", per_wgmma, 64 * kN * 16 / per_wgmma);
 }
 
 }  // namespace
@@ -142,13 +159,17 @@ int main() {
     ReportMmaSync<2>(warps, sms, sink, cycles);
     ReportMmaSync<1>(warps, sms, sink, cycles);
   }
-  std::printf("wgmma bf16, A from registers, %d independent accumulators per commit group\n", kWgmmasPerGroup);
+  std::printf("wgmma bf16, A from registers, one accumulator per wgmma of a commit group\n");
   for (int warpgroups : {1, 2}) {
     ReportWgmma<8>(warpgroups, sms, sink, cycles);
     ReportWgmma<16>(warpgroups, sms, sink, cycles);
     ReportWgmma<32>(warpgroups, sms, sink, cycles);
     ReportWgmma<64>(warpgroups, sms, sink, cycles);
   }
+  // the w4a16 kernel's wgmma steps: 4 m16 tiles a warp at 16 and 32 tokens, 2 at 64
+  ReportWgmma<16, 4, true>(2, sms, sink, cycles);
+  ReportWgmma<32, 4, true>(2, sms, sink, cycles);
+  ReportWgmma<64, 2, true>(2, sms, sink, cycles);
   cudaFree(sink);
   cudaFree(cycles);
   return 0;

@@ -19,8 +19,8 @@
 //    against wgmma with 2: 55.1 -> 49.4 us at 28672 x 8192 (session 12; without memory waits 50.1 us:
 //    the wgmma tiles were compute-bound, at twice the warp-atoms and their bookkeeping). Whole-SM CTAs at 16
 //    tokens stay on mma.sync with 8 tiles a warp: wgmma with 4 there cost 46.6 -> 53.7 us (session 30). At
-//    N = 16 a wgmma does not issue more MACs a cycle than mma.sync: both ~1,300 per SM, 64% of the dense peak
-//    (benchmarks/tensor_pipe_probe.cu, session 33).
+//    N = 16 a wgmma does not issue more MACs a cycle than mma.sync: both ~1,300 per SM, 64% of the dense peak,
+//    and ~680 for wgmma steps that first dequantize their A registers (benchmarks/tensor_pipe_probe.cu, session 33).
 //
 // Numerics: exact Ŵ. No weight is rounded (MARLIN rounds (q − z)·s to bf16, a 2^-9 relative error per
 // weight); the only roundings are fp32 accumulation and the final cast, like the reference.
