@@ -166,7 +166,7 @@ int main() {
     ReportWgmma<32>(warpgroups, sms, sink, cycles);
     ReportWgmma<64>(warpgroups, sms, sink, cycles);
   }
-  // the w4a16 kernel's wgmma steps: 4 m16 tiles a warp at 16 and 32 tokens, 2 at 64
+  // the w4a16 kernel's wgmma steps (32 tokens: 4 m16 tiles a warp, 64: 2) and session 30's 16-token try (4)
   ReportWgmma<16, 4, true>(2, sms, sink, cycles);
   ReportWgmma<32, 4, true>(2, sms, sink, cycles);
   ReportWgmma<64, 2, true>(2, sms, sink, cycles);
