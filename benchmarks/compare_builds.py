@@ -1,0 +1,125 @@
+"""A/B of builds of the CUDA library on w4a16_gemm: our kernel only, the same layers, each build in its own process.
+
+How kernel variants were compared in benchmarks/NOTES.md: the library loads once per process, so every build times
+its cells in a process of its own (JAX_W4A4_LIBRARY names the build), the builds alternate round after round (a
+drifting clock or a neighbour on the machine then touches every build alike), and the table gives each cell's
+range over the rounds, per build, with the ratio of its median to the first build's. Timing is bench_w4a16's:
+bf16 activations, symmetric g128 weights rotated through sets larger than L2, chains of calls timed by the device
+clock. The planner is this checkout's (libjax_w4a4_budget.so under build/): builds that change the plans need their
+own checkout.
+
+  python benchmarks/compare_builds.py --build head=build/libjax_w4a4.so --build new=/tmp/new/libjax_w4a4.so \\
+      --shapes 28672x8192,8192x8192 --tokens 1,16 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parse_build(spec: str) -> tuple[str, Path]:
+    """``name=path`` of a build of libjax_w4a4.so."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--build takes name=path/to/libjax_w4a4.so, got {spec!r}")
+    return name, Path(path)
+
+
+def parse_shapes(spec: str) -> list[tuple[int, int]]:
+    """``NxK[,NxK...]``: the layers' out_features x in_features."""
+    shapes = []
+    for item in spec.split(","):
+        n, sep, k = item.partition("x")
+        if not sep or not n.isdigit() or not k.isdigit():
+            raise argparse.ArgumentTypeError(f"--shapes takes NxK[,NxK...], got {item!r}")
+        shapes.append((int(n), int(k)))
+    return shapes
+
+
+def parse_tokens(spec: str) -> list[int]:
+    """``M[,M...]``: token counts."""
+    if not all(item.isdigit() and int(item) > 0 for item in spec.split(",")):
+        raise argparse.ArgumentTypeError(f"--tokens takes positive integers M[,M...], got {spec!r}")
+    return [int(item) for item in spec.split(",")]
+
+
+def time_cells(shapes: Sequence[tuple[int, int]], tokens: Sequence[int]) -> dict[str, float]:
+    """Microseconds per call of every (shape, M) cell with the library this process loaded."""
+    sys.path.insert(0, str(REPO))
+    import jax.numpy as jnp
+
+    from benchmarks import bench_w4a16
+
+    times = {}
+    for n, k in shapes:
+        sets = bench_w4a16.weight_sets(n, k)
+        for m in tokens:
+            times[cell_name(n, k, m)] = 1e6 * bench_w4a16.time_ours(m, k, sets, bench_w4a16.GROUP, jnp.bfloat16)
+        del sets
+    return times
+
+
+def cell_name(n: int, k: int, m: int) -> str:
+    return f"{n}x{k} M={m}"
+
+
+def format_table(builds: Sequence[str], runs: dict[str, list[dict[str, float]]]) -> str:
+    """One row per cell: each build's min-max over its rounds (µs) and its median against the first build's."""
+    cells = list(runs[builds[0]][0])
+    header = ["cell"] + [f"{name} us" for name in builds] + [f"{name} / {builds[0]}" for name in builds[1:]]
+    lines = [header]
+    for cell in cells:
+        values = {name: [run[cell] for run in runs[name]] for name in builds}
+        row = [cell] + [f"{min(v):.2f}-{max(v):.2f}" if len(v) > 1 else f"{v[0]:.2f}" for v in values.values()]
+        base = statistics.median(values[builds[0]])
+        row += [f"{statistics.median(values[name]) / base:.3f}" for name in builds[1:]]
+        lines.append(row)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", type=parse_build, action="append", required=True,
+                        help="name=path of a libjax_w4a4.so build; the first is the baseline (repeatable)")
+    parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("28672x8192,8192x8192"))
+    parser.add_argument("--tokens", type=parse_tokens, default=parse_tokens("1,16"))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one build's timings, as JSON
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(time_cells(args.shapes, args.tokens)))
+        return
+    names = [name for name, _ in args.build]
+    if len(set(names)) != len(names):
+        parser.error(f"--build names must differ, got {names}")
+    for name, path in args.build:
+        if not path.is_file():
+            parser.error(f"--build {name}={path}: no such file")
+    shapes = ",".join(f"{n}x{k}" for n, k in args.shapes)
+    tokens = ",".join(map(str, args.tokens))
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for round_index in range(args.rounds):
+        for name, path in args.build:
+            env = dict(os.environ, JAX_W4A4_LIBRARY=str(path.resolve()), PYTHONPATH=str(REPO))
+            worker = subprocess.run(
+                [sys.executable, __file__, "--worker", "--build", f"{name}={path}", "--shapes", shapes,
+                 "--tokens", tokens], env=env, capture_output=True, text=True, check=False)
+            if worker.returncode != 0:
+                sys.exit(f"build {name}, round {round_index + 1}: worker failed\n{worker.stderr[-4000:]}")
+            runs[name].append(json.loads(worker.stdout.strip().splitlines()[-1]))
+            print(f"round {round_index + 1}, {name}: done", flush=True)
+    print(format_table(names, runs))
+
+
+if __name__ == "__main__":
+    main()
