@@ -54,7 +54,6 @@ def parse_tokens(spec: str) -> list[int]:
 
 def time_cells(shapes: Sequence[tuple[int, int]], tokens: Sequence[int]) -> dict[str, float]:
     """Microseconds per call of every (shape, M) cell with the library this process loaded."""
-    sys.path.insert(0, str(REPO))
     import jax.numpy as jnp
 
     from benchmarks import bench_w4a16
@@ -110,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for round_index in range(args.rounds):
         for name, path in args.build:
-            env = dict(os.environ, JAX_W4A4_LIBRARY=str(path.resolve()), PYTHONPATH=str(REPO))
+            python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+            env = dict(os.environ, JAX_W4A4_LIBRARY=str(path.resolve()), PYTHONPATH=python_path)
             worker = subprocess.run(
                 [sys.executable, __file__, "--worker", "--build", f"{name}={path}", "--shapes", shapes,
                  "--tokens", tokens], env=env, capture_output=True, text=True, check=False)
