@@ -62,13 +62,9 @@ def time_cells(shapes: Sequence[tuple[int, int]], tokens: Sequence[int]) -> dict
     for n, k in shapes:
         sets = bench_w4a16.weight_sets(n, k)
         for m in tokens:
-            times[cell_name(n, k, m)] = 1e6 * bench_w4a16.time_ours(m, k, sets, bench_w4a16.GROUP, jnp.bfloat16)
+            times[f"{n}x{k} M={m}"] = 1e6 * bench_w4a16.time_ours(m, k, sets, bench_w4a16.GROUP, jnp.bfloat16)
         del sets
     return times
-
-
-def cell_name(n: int, k: int, m: int) -> str:
-    return f"{n}x{k} M={m}"
 
 
 def format_table(builds: Sequence[str], runs: dict[str, list[dict[str, float]]]) -> str:
@@ -101,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = [name for name, _ in args.build]
     if len(set(names)) != len(names):
         parser.error(f"--build names must differ, got {names}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     for name, path in args.build:
         if not path.is_file():
             parser.error(f"--build {name}={path}: no such file")

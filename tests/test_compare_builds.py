@@ -41,6 +41,18 @@ def test_table_gives_each_builds_range_and_its_median_against_the_first():
     assert lines[2].split() == ["8192x8192", "M=16", "18.00-18.40", "18.20-18.20", f"{18.2 / 18.2:.3f}"]
 
 
-def test_main_rejects_a_missing_build_before_running_anything(tmp_path):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--build", "head={missing}"], "no such file"),
+        (["--build", "a={lib}", "--build", "a={lib}"], "names must differ"),
+        (["--build", "a={lib}", "--rounds", "0"], "at least 1"),
+    ],
+)
+def test_main_rejects_bad_arguments_before_running_anything(tmp_path, capsys, argv, message):
+    lib = tmp_path / "libjax_w4a4.so"
+    lib.write_bytes(b"")
+    argv = [arg.format(lib=lib, missing=tmp_path / "missing.so") for arg in argv]
     with pytest.raises(SystemExit):
-        compare_builds.main(["--build", f"head={tmp_path / 'missing.so'}", "--rounds", "1"])
+        compare_builds.main(argv)
+    assert message in capsys.readouterr().err
