@@ -8,7 +8,7 @@ bf16 activations, symmetric g128 weights rotated through sets larger than L2, ch
 clock. The planner is this checkout's (libjax_w4a4_budget.so under build/): builds that change the plans need their
 own checkout.
 
-  python benchmarks/compare_builds.py --build head=build/libjax_w4a4.so --build new=/tmp/new/libjax_w4a4.so \\
+  python -m benchmarks.compare_builds --build head=build/libjax_w4a4.so --build new=/tmp/new/libjax_w4a4.so \\
       --shapes 28672x8192,8192x8192 --tokens 1,16 --rounds 2
 """
 
@@ -22,6 +22,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from benchmarks import harness
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,19 +69,19 @@ def time_cells(shapes: Sequence[tuple[int, int]], tokens: Sequence[int]) -> dict
     return times
 
 
-def format_table(builds: Sequence[str], runs: dict[str, list[dict[str, float]]]) -> str:
+def table_rows(builds: Sequence[str], runs: dict[str, list[dict[str, float]]]) -> list[harness.Row]:
     """One row per cell: each build's min-max over its rounds (µs) and its median against the first build's."""
-    cells = list(runs[builds[0]][0])
-    header = ["cell"] + [f"{name} us" for name in builds] + [f"{name} / {builds[0]}" for name in builds[1:]]
-    lines = [header]
-    for cell in cells:
+    rows = []
+    for cell in runs[builds[0]][0]:
         values = {name: [run[cell] for run in runs[name]] for name in builds}
-        row = [cell] + [f"{min(v):.2f}-{max(v):.2f}" if len(v) > 1 else f"{v[0]:.2f}" for v in values.values()]
+        row = harness.Row(cell)
+        for name, v in values.items():
+            row.cells[f"{name} us"] = f"{min(v):.2f}-{max(v):.2f}" if len(v) > 1 else f"{v[0]:.2f}"
         base = statistics.median(values[builds[0]])
-        row += [f"{statistics.median(values[name]) / base:.3f}" for name in builds[1:]]
-        lines.append(row)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in lines)
+        for name in builds[1:]:
+            row.cells[f"{name} / {builds[0]}"] = f"{statistics.median(values[name]) / base:.3f}"
+        rows.append(row)
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -116,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 sys.exit(f"build {name}, round {round_index + 1}: worker failed\n{worker.stderr[-4000:]}")
             runs[name].append(json.loads(worker.stdout.strip().splitlines()[-1]))
             print(f"round {round_index + 1}, {name}: done", flush=True)
-    print(format_table(names, runs))
+    harness.print_table("w4a16_gemm, bf16 g128: µs per call by build (min-max over rounds), median ratio",
+                        table_rows(names, runs))
 
 
 if __name__ == "__main__":

@@ -35,10 +35,10 @@ def test_table_gives_each_builds_range_and_its_median_against_the_first():
         "head": [{"8192x8192 M=1": 14.0, "8192x8192 M=16": 18.0}, {"8192x8192 M=1": 14.2, "8192x8192 M=16": 18.4}],
         "new": [{"8192x8192 M=1": 13.0, "8192x8192 M=16": 18.2}, {"8192x8192 M=1": 13.2, "8192x8192 M=16": 18.2}],
     }
-    lines = compare_builds.format_table(["head", "new"], runs).splitlines()
-    assert lines[0].split() == ["cell", "head", "us", "new", "us", "new", "/", "head"]
-    assert lines[1].split() == ["8192x8192", "M=1", "14.00-14.20", "13.00-13.20", f"{13.1 / 14.1:.3f}"]
-    assert lines[2].split() == ["8192x8192", "M=16", "18.00-18.40", "18.20-18.20", f"{18.2 / 18.2:.3f}"]
+    rows = compare_builds.table_rows(["head", "new"], runs)
+    assert [row.label for row in rows] == ["8192x8192 M=1", "8192x8192 M=16"]
+    assert rows[0].cells == {"head us": "14.00-14.20", "new us": "13.00-13.20", "new / head": f"{13.1 / 14.1:.3f}"}
+    assert rows[1].cells == {"head us": "18.00-18.40", "new us": "18.20-18.20", "new / head": f"{18.2 / 18.2:.3f}"}
 
 
 @pytest.mark.parametrize(
