@@ -227,7 +227,7 @@ __device__ __forceinline__ uint4 LoadShared128(uint32_t addr) {
 // Address of 16-byte chunk `chunk` of row `row` in an X tile of 128-byte rows at `tile` with the 128-byte
 // swizzle (TMA's CU_TENSOR_MAP_SWIZZLE_128B: the chunk index is XORed with the row's index in its 8-row atom).
 __device__ __forceinline__ uint32_t SwizzledX(uint32_t tile, int row, int chunk) {
-  return tile + row * kXRowBytes + ((chunk ^ (row % 8)) << 4);
+  return tile + row * kXRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
 // (a & mask) | magic: one lop3.
@@ -383,6 +383,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   constexpr bool kNarrow = Cfg::kNarrow;
   constexpr int kStages = Cfg::kStages;
   constexpr int kTiles = Cfg::kTilesPerWarp;
+  static_assert(!kNarrow || Cfg::kStageAtoms % kLaneAtoms == 0, "a stage holds whole runs: run_starts / run_ends");
   // Up to 16 tokens mma.sync (see Orientation), beyond wgmma; bf16 on mma.sync: raw codes and column sums
   // (see the dequantization notes).
   constexpr bool kWgmma = kMTiles > kMaxMmaSyncMTiles;
@@ -520,18 +521,23 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   if (cluster_split) ptx::ClusterWaitAcquire();  // rank 0's cluster-sum barrier is initialized
   const int first_atom = kNarrow && warp == k_lanes ? num_atoms : k_lane * kLaneAtoms;
   auto next_atom = [&](int i) {
-    return !kNarrow || (i + 1) % kLaneAtoms != 0 ? i + 1 : i + 1 + (k_lanes - 1) * kLaneAtoms;
+    return !kNarrow || (static_cast<unsigned>(i) + 1) % kLaneAtoms != 0 ? i + 1 : i + 1 + (k_lanes - 1) * kLaneAtoms;
   };
   int slot = 0;             // wide: slot of atom i
   uint32_t full_phase = 0;  // wide: parity of the slot's full barrier for atom i (flips when the slot wraps)
   for (int i = first_atom; i < num_atoms; i = next_atom(i)) {
     const int atom = atom_begin + i;
-    const int stage_atom = kNarrow ? i % Cfg::kStageAtoms : 0;  // the atom's place in its stage
+    // Narrow: the atom's stage, slot and place in its stage and run, in unsigned arithmetic: signed divisions
+    // and remainders cost ~30 instructions an atom on the k-lanes' dependency chains (1 x 8192² 13.5 -> 13.0 us,
+    // session 34).
+    const unsigned narrow_index = i;
+    const int stage_atom = kNarrow ? narrow_index % Cfg::kStageAtoms : 0;  // the atom's place in its stage
+    const bool run_starts = narrow_index % kLaneAtoms == 0, run_ends = narrow_index % kLaneAtoms == kLaneAtoms - 1;
     int atom_slot;
     if constexpr (kNarrow) {
-      const int stage = i / Cfg::kStageAtoms;
+      const unsigned stage = narrow_index / Cfg::kStageAtoms;
       atom_slot = stage % kStages;
-      if (stage_atom % kLaneAtoms == 0) tma::MbarWait(full_barrier(atom_slot), (stage / kStages) & 1);  // it landed
+      if (run_starts) tma::MbarWait(full_barrier(atom_slot), (stage / kStages) & 1);  // it landed
     } else {
       if (producer && i + kStages - 1 < num_atoms) {
         const int refill = i + kStages - 1;  // its slot last held atom refill - kStages = i - 1
@@ -570,7 +576,18 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
       const int row = stage_atom * rows_m + min(mt * 8 + lane % 8, rows_m - 1);
       return SwizzledX(x_ring + atom_slot * Cfg::kStageXBytes, row, 4 * h + lane / 8);
     };
-    uint32_t xk32[kMTiles][4];  // mma.sync: the B fragments of k16 steps j and j + 1 (j even), per token tile
+    // mma.sync: the B fragments of k16 steps 2h and 2h + 1, per token tile. Narrow: both halves at the atom's start,
+    // so their loads' latency is off the k-lanes' step chain (1 x 8192² 13.7 -> 13.5 us, session 34); the wide forms
+    // load each half before its steps (the 8 more live registers cost their 16-token tiles 1-2%).
+    uint32_t xk32[kMTiles][4];         // the half of the current step
+    uint32_t narrow_xk[kMTiles][2][4];  // narrow: both halves
+    if constexpr (kNarrow) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ptx::LdMatrixX4(narrow_xk[mt][h], narrow_x_rows(mt, h));
+      }
+    }
 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -604,8 +621,12 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           if (j % 2 == 0) {
-            ptx::LdMatrixX4(xk32[mt], kNarrow ? narrow_x_rows(mt, j / 2)
-                                              : x_stage + mt * 8 * kXRowBytes + x_lane_offset[j / 2]);
+            if constexpr (kNarrow) {
+#pragma unroll
+              for (int r = 0; r < 4; ++r) xk32[mt][r] = narrow_xk[mt][j / 2][r];
+            } else {
+              ptx::LdMatrixX4(xk32[mt], x_stage + mt * 8 * kXRowBytes + x_lane_offset[j / 2]);
+            }
             if constexpr (kRawCodes) ptx::Mma16816<T>(sums[mt], xk32[mt], kOnesBf16, kOnesBf16);  // ColumnSums
           }
 #pragma unroll
@@ -658,7 +679,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
       }
     }
     __syncwarp();  // every lane's reads of the slot are done
-    const bool run_read = !kNarrow || stage_atom % kLaneAtoms == kLaneAtoms - 1 || i + 1 == num_atoms;
+    const bool run_read = !kNarrow || run_ends || i + 1 == num_atoms;
     if (lane == 0 && run_read) tma::MbarArrive(empty_barrier(atom_slot));
   }
 
