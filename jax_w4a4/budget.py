@@ -334,9 +334,9 @@ def w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, nu
 
 
 def w4a16_split_granule(form: str) -> int:
-    """The 64-wide atoms a K split of a w4a16 launch of ``form`` comes in whole runs of: 1 for wide and whole-SM
-    splits; a narrow K-split cluster's ranks split K in runs of 2 atoms, so a 4-atom stage starts on a 128-wide
-    group."""
+    """The 64-wide atoms a K split of a w4a16 launch of ``form`` comes in whole granules of: 1 for wide and
+    whole-SM splits; a narrow K-split cluster's ranks split K in granules of 2 atoms (128 columns), so a 4-atom
+    stage starts on a 128-wide group."""
     return int(_load().JaxW4a4W4a16SplitGranule(_w4a16_form_index(form)))
 
 
@@ -359,6 +359,10 @@ def w4a4_workspace_bytes(m: int, n: int, k: int, *, num_sms: int) -> int:
     return int(_load().JaxW4a4W4a4WorkspaceBytes(m, n, k, num_sms))
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> str:
     """How one w4a16 GEMM call is launched, in words: the form, the grid, the rows and K of a CTA, the
     workspace (what ``python -m jax_w4a4.budget w4a16 M N K`` prints)."""
@@ -368,14 +372,13 @@ def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order:
         return f"{head}: not served (N a multiple of 32, K of 64 and of the group, M >= 1)"
     ctas = plan.m_blocks * plan.n_tiles * plan.splits
     warp_rows = w4a16_plan(plan.m_tiles, form=plan.form).tiles_per_warp * 16  # m16 tiles
+    runs = f"{plan.k_lanes} k-lanes in runs of {_count(plan.lane_atoms, 'atom')} and a producer warp"
     if plan.narrow and plan.splits == 1:
-        work = (f"{warp_rows} rows and all of K a CTA, {plan.k_lanes} k-lanes in runs of {plan.lane_atoms} atoms "
-                f"and a producer warp: no split-K")
+        work = f"{warp_rows} rows and all of K a CTA, {runs}: no split-K"
     elif plan.narrow:
-        work = (f"{warp_rows} rows and 1/{plan.splits} of K a CTA (whole runs of {w4a16_split_granule(plan.form)} "
-                f"atoms), {plan.k_lanes} k-lanes in "
-                f"runs of {plan.lane_atoms} atoms and a producer warp; clusters of {plan.splits} CTAs add through "
-                f"shared memory")
+        work = (f"{warp_rows} rows and 1/{plan.splits} of K a CTA (in granules of "
+                f"{_count(w4a16_split_granule(plan.form), 'atom')}), {runs}; clusters of {plan.splits} CTAs add "
+                f"through shared memory")
     else:
         work = (f"{plan.warps} row warps ({plan.warps * warp_rows} rows) a CTA, K in {plan.splits} split(s) of "
                 f"{-(-(k // 64) // plan.splits)} atoms")

@@ -415,7 +415,7 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)
     assert (small.form, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == ("narrow32", 18, 1, 1, 6, 7 * 32)
-    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 48, 1, "narrow32", 3, 2, 4 * 32, 0)  # 9 atoms: 3 stages
+    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 48, 1, "narrow32", 3, 1, 4 * 32, 0)  # 9 atoms: 3 stages
     assert plan(1, 1024, 1024).k_lanes == 4 and plan(1, 384, 4096) is not None
     # 4096 rows: 128 narrow32 CTAs; 8192 rows: 256 do not fit one wave, 128 narrow ones do; 8512 rows: 133 do not.
     assert [plan(1, n, 1024).form for n in (4096, 8192, 8512)] == ["narrow32", "narrow", "wide"]
@@ -430,9 +430,10 @@ def test_w4a16_narrow_ctas_serve_small_layers():
         ["narrow"] * 4 + ["wide"],  # kNarrowTwoTileMaxAtoms
         ["narrow32"] * 5,
     ]
-    # k-lanes take runs of 2 atoms when K <= 8192 (two lanes per stage: a shorter last stage), else whole stages
-    assert [plan(1, 8192, k).lane_atoms for k in (8192, 8256, 28672)] == [2, 4, 4]
-    assert plan(1, 576, 1536).lane_atoms == 2 and plan(1, 28672, 8192).lane_atoms == 1  # wide: 1
+    # k-lanes take runs of 1 atom when K <= 8192 (four lanes per stage: a shorter last stage), else whole stages
+    assert [plan(1, 8192, k).lane_atoms for k in (8192, 8256, 28672)] == [1, 4, 4]
+    assert plan(1, 576, 1536).narrow and plan(1, 576, 1536).lane_atoms == 1
+    assert not plan(1, 28672, 8192).narrow and plan(1, 28672, 8192).lane_atoms == 1  # wide: 1
     for m, n, k in ((1, 576, 1536), (16, 1536, 576)):  # no split-K partials; the act-order gather stays
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=False, num_sms=132) == 0
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=True, num_sms=132) == 256 * -(-2 * m * k // 256)
@@ -447,8 +448,8 @@ def test_w4a16_narrow32_ctas_stream_no_more_than_a_wide_cta():
         p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=num_sms)
         return p.form, p.n_tiles, p.splits, p.k_lanes, p.lane_atoms
 
-    assert launch(1, 4096, 4096) == ("narrow32", 128, 1, 8, 2)
-    assert launch(16, 4096, 8192) == ("narrow32", 128, 1, 8, 2)  # wide: 16 tiles of 256 rows in 8 splits of 16 atoms
+    assert launch(1, 4096, 4096) == ("narrow32", 128, 1, 8, 1)
+    assert launch(16, 4096, 8192) == ("narrow32", 128, 1, 8, 1)  # wide: 16 tiles of 256 rows in 8 splits of 16 atoms
     assert launch(1, 4224, 4096)[:2] == ("narrow32", 132) and launch(1, 4256, 4096)[0] == "narrow"  # one wave
     # An H100 PCIe: 128 narrow32 CTAs do not fit one wave; 64 narrow ones stream as much as the busiest SM of
     # the wide plan (128 CTAs, two on 14 SMs).
@@ -666,7 +667,7 @@ def test_w4a4_stream_k_workspace_follows_the_launch_plan():
 
 
 def test_w4a16_splits_come_in_whole_granules():
-    """K splits come in whole runs of w4a16_split_granule atoms: any atom for wide and whole-SM splits, runs of 2
+    """K splits come in whole granules of w4a16_split_granule atoms: any atom for wide and whole-SM splits, 2
     for a narrow K-split cluster's ranks (a 4-atom stage then starts on a 128-wide group)."""
     assert [budget.w4a16_split_granule(form) for form in budget.W4A16_FORMS] == [1, 1, 2, 2, 1]
     with pytest.raises(ValueError, match="form must be one of"):
@@ -678,14 +679,14 @@ def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
     --num-sms; shapes the kernels do not serve are said so, bad arguments are an error naming the argument."""
     budget.main(["--num-sms", "132", "w4a16", "1", "8192", "4096"])
     out = capsys.readouterr().out
-    assert "narrow plan" in out and "128 CTAs" in out and "8 k-lanes in runs of 2 atoms" in out and "workspace 0 bytes" in out
+    assert "narrow plan" in out and "128 CTAs" in out and "8 k-lanes in runs of 1 atom and" in out and "workspace 0 bytes" in out
     budget.main(["--num-sms", "132", "w4a16", "16", "28672", "8192"])
     out = capsys.readouterr().out
     assert "whole7 plan, 16-token tile" in out and "128 CTAs" in out and "8 row warps (896 rows)" in out
     assert "4 split(s) of 32 atoms" in out and "workspace 7340032 bytes" in out
     assert "the last of a row warp's splits sums its rows (256 arrival counters)" in out
     budget.main(["--num-sms", "132", "w4a16", "1", "1024", "4096"])  # a K-split cluster
-    assert "32 rows and 1/2 of K a CTA (whole runs of 2 atoms)" in capsys.readouterr().out
+    assert "32 rows and 1/2 of K a CTA (in granules of 2 atoms), 8 k-lanes in runs of 1 atom" in capsys.readouterr().out
     budget.main(["--num-sms", "132", "w4a16", "1", "100", "4096"])
     assert "not served" in capsys.readouterr().out
     budget.main(["--num-sms", "132", "act_quant", "4096", "4096"])

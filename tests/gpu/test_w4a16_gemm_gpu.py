@@ -208,13 +208,13 @@ NARROW_CASES = {
 @pytest.mark.parametrize("m", [1, 5, 16])
 def test_narrow_ctas(form, m):
     """Narrow CTAs (small layers, up to 16 tokens) of 32 rows (narrow32) and 64 (narrow): K's last stage partial
-    (9 atoms: 3 stages of 4, so 3 k-lanes, in runs of 2 atoms: the last run holds one) or whole, a last row
-    tile of 32 rows in a 64-row form (N % 64 == 32), every group size, both zero-point modes. Runs of whole
-    stages (K > 8192): the decode shapes' 8192 x 28672."""
+    (9 atoms: 3 stages of 4, so 3 k-lanes, in runs of 1 atom: a 128-wide group split between two lanes) or
+    whole, a last row tile of 32 rows in a 64-row form (N % 64 == 32), every group size, both zero-point modes.
+    Runs of whole stages (K > 8192): the decode shapes' 8192 x 28672."""
     for n, k, group_size, zero_point, dtype in NARROW_CASES[form]:
         size = k if group_size == -1 else group_size
         plan = budget.w4a16_launch(m, n, k, size, act_order=False, num_sms=_num_sms())
-        assert plan.form == form and plan.lane_atoms == 2 and plan.splits == 1
+        assert plan.form == form and plan.lane_atoms == 1 and plan.splits == 1
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, False, True)
 
 

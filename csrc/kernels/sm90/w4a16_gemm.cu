@@ -60,11 +60,11 @@
 // picks them: a narrow CTA streams about as much as the wide plan's busiest SM and pays no split-K round
 // trips): one CTA per SM owns one warp's 64 rows (narrow32: 32, two m16 tiles, for layers of up to 132 x 32
 // rows with K <= 8192, twice the CTAs) and all of K. Roles: k-lanes (up to 8 warps, the
-// same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 2 with K <= 8192, so that two lanes
-// share a stage and the last one is computed in half the time) and a producer warp; at the end the lanes'
+// same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 1 with K <= 8192, so that four lanes
+// share a stage and the last one is computed in a quarter of the time) and a producer warp; at the end the lanes'
 // accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No
 // workspace, no arrival counter. K-split clusters (where fewer row tiles than SMs: W4a16Launch::splits): the
-// CTAs of a row tile form one cluster of 2 or 4, each with its share of K in whole runs; after the lanes' sum,
+// CTAs of a row tile form one cluster of 2 or 4, each with its share of K in 128-column granules; after the lanes' sum,
 // k-lane 0 of rank r > 0 stores its accumulators into rank 0's cluster-sum slot r - 1 (st.async, counted on
 // rank 0's mbarrier, which the cluster barrier after __syncthreads published) and exits; rank 0 waits for the
 // bytes, adds the slots in rank order (deterministic) and stores Y.
@@ -384,6 +384,9 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   constexpr int kStages = Cfg::kStages;
   constexpr int kTiles = Cfg::kTilesPerWarp;
   static_assert(!kNarrow || Cfg::kStageAtoms % kLaneAtoms == 0, "a stage holds whole runs: run_starts / run_ends");
+  // Narrow runs shorter than 128 columns split a group of up to 128 between k-lanes: each run then starts its
+  // group (the zero points) and ends its partial (one more promotion a g128 group).
+  constexpr bool kRunsSplitGroups = kNarrow && kLaneAtoms * kAtomCols < 128;
   // Up to 16 tokens mma.sync (see Orientation), beyond wgmma; bf16 on mma.sync: raw codes and column sums
   // (see the dequantization notes).
   constexpr bool kWgmma = kMTiles > kMaxMmaSyncMTiles;
@@ -550,8 +553,9 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
       full_phase ^= slot == 0;
     }
 
-    const bool atom_starts_group = i == first_atom || ((atom * kAtomCols) & group_mask) == 0;
-    const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 ||
+    const bool atom_starts_group = i == first_atom || (kRunsSplitGroups && run_starts) ||
+                                   ((atom * kAtomCols) & group_mask) == 0;
+    const bool atom_ends_partial = (((atom + 1) * kAtomCols) & promotion_mask) == 0 || (kRunsSplitGroups && run_ends) ||
                                    (kNarrow ? next_atom(i) >= num_atoms : atom + 1 == atom_end);
     // This lane's rows g of the atom's first group: scales, zero points (row g + 8 is 8 entries on, tile t 16 t)
     // (the stage's groups are in the order of its atoms)

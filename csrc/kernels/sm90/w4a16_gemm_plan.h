@@ -121,13 +121,15 @@ constexpr int WarpAccumulatorBytes(int m_tiles, W4a16Form form) {
 inline constexpr int kMaxNarrowLanes = 8;
 inline constexpr int kNarrowStageAtoms = 4;              // 8 KB of weights a stage: one TMA box each
 // A k-lane computes runs of lane_atoms consecutive atoms (W4a16Launch): whole stages, or with K of up to
-// kNarrowShortKAtoms atoms runs of kNarrowShortRunAtoms (128 columns: a whole group up to g128, so a run
-// never needs an extra promotion), so that two lanes compute a stage at once and the last stage, which no
-// later stream hides, takes half as long. Session 17 (benchmarks/NOTES.md), 1 / 2 tokens: 8192² 14.1 / 14.3-14.4
-// -> 13.5-13.6 / 13.9-14.0 us, 2048² 5.8 -> 5.3-5.4; with K = 28672 runs of 2 took 36.1 -> 36.7-36.8 us.
-inline constexpr int kNarrowShortRunAtoms = 2;
+// kNarrowShortKAtoms atoms runs of kNarrowShortRunAtoms, so that several lanes compute a stage at once and the
+// last stage, which no later stream hides, takes a fraction as long. A one-atom run splits a 128-wide group
+// between two lanes: each promotes its half (the kernel's kRunsSplitGroups). Session 17 (benchmarks/NOTES.md),
+// stages -> runs of 2, 1 / 2 tokens: 8192² 14.1 / 14.3-14.4 -> 13.5-13.6 / 13.9-14.0 us, 2048² 5.8 -> 5.3-5.4
+// (with K = 28672 runs of 2 took 36.1 -> 36.7-36.8 us, so long K keeps whole stages); session 35, runs of 2 -> 1,
+// 1 / 16 tokens: 4096² 6.68 -> 6.43 / 8.63 -> 8.41 us, 1024 x 4096 5.20 -> 5.00 / 5.67 -> 5.40, 8192² 13.2 -> 12.9.
+inline constexpr int kNarrowShortRunAtoms = 1;
 inline constexpr int kNarrowShortKAtoms = 128;
-static_assert(kNarrowStageAtoms % kNarrowShortRunAtoms == 0 && kNarrowShortRunAtoms * kAtomCols % 128 == 0);
+static_assert(kNarrowStageAtoms % kNarrowShortRunAtoms == 0);
 inline constexpr int kMaxNarrowStages = 32;
 // Narrow K-split clusters: where fewer narrow CTAs than SMs own all the rows, the CTAs of a row tile split K
 // as one cluster of 2 or 4 (W4a16Launch::splits): every CTA but rank 0 stores its lane-0 accumulators into
@@ -136,7 +138,7 @@ inline constexpr int kMaxNarrowStages = 32;
 // launch's partials (session 15) were what kept narrow CTAs unsplit, one per row tile, so layers with few rows
 // left most SMs idle (1 x 1024 x 4096: 32 CTAs of 64 KB) or went wide (1 x 4096 x 14336: 14 splits). A cluster
 // costs ~0.5 us (its launch, the cluster barrier, the sums), so each CTA keeps kNarrowClusterMinAtoms atoms.
-// The ranks split K in whole runs of kNarrowShortRunAtoms (SplitGranule). Session 28 (benchmarks/NOTES.md),
+// The ranks split K in granules of 128 columns (SplitGranule). Session 28 (benchmarks/NOTES.md),
 // us at M = 1 / 16, unsplit -> clusters of 2: 1024 x 4096 6.4 / 7.0 -> 5.3 / 5.9, 2048 x 8192 9.8 / 11.4 ->
 // 7.2 / 8.7, 1024 x 14336 (wide) 11.8 / 15.2 -> 9.8 / 10.8, 4096 x 14336 (wide) 15.0 -> 12.3 at M = 1;
 // 512 x 4096 6.1 -> 5.1 (2) -> 4.3 (4); with 8 atoms a CTA 1024² lost (3.7 / 4.1 -> 3.9 / 4.4), with 12
@@ -345,10 +347,11 @@ constexpr int NarrowKLanes(int stages, int64_t atoms) {
   return static_cast<int>(std::max<int64_t>(1, lanes));
 }
 
-// Splits of K come in whole granules of atoms: wide split-K any atom; narrow clusters whole runs of
-// kNarrowShortRunAtoms, so that a 4-atom stage starts on a 128-wide group and holds at most two, as many as
-// its scale box loads.
-constexpr int64_t SplitGranule(W4a16Form form) { return IsNarrow(form) ? kNarrowShortRunAtoms : 1; }
+// Splits of K come in whole granules of atoms: wide split-K any atom; narrow clusters 128 columns, so that a
+// 4-atom stage starts on a 128-wide group and holds at most two, as many as its scale box loads.
+inline constexpr int kNarrowSplitGranuleAtoms = 128 / kAtomCols;
+static_assert(kNarrowStageAtoms % kNarrowSplitGranuleAtoms == 0);
+constexpr int64_t SplitGranule(W4a16Form form) { return IsNarrow(form) ? kNarrowSplitGranuleAtoms : 1; }
 
 // The first atom of split `split` of `splits` over `atoms` atoms of a `form` launch, as even as whole granules
 // come; split `splits` gives `atoms`.
