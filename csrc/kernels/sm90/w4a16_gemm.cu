@@ -384,9 +384,9 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   constexpr int kStages = Cfg::kStages;
   constexpr int kTiles = Cfg::kTilesPerWarp;
   static_assert(!kNarrow || Cfg::kStageAtoms % kLaneAtoms == 0, "a stage holds whole runs: run_starts / run_ends");
-  // Narrow runs shorter than 128 columns split a group of up to 128 between k-lanes: each run then starts its
-  // group (the zero points) and ends its partial (one more promotion a g128 group).
-  constexpr bool kRunsSplitGroups = kNarrow && kLaneAtoms * kAtomCols < 128;
+  // Narrow runs shorter than the widest fixed group (128 columns) split a group between k-lanes: each run then
+  // starts its group (the zero points) and ends its partial (one more promotion a g128 group).
+  constexpr bool kRunsSplitGroups = kNarrow && kLaneAtoms * kAtomCols < kWidestFixedGroup;
   // Up to 16 tokens mma.sync (see Orientation), beyond wgmma; bf16 on mma.sync: raw codes and column sums
   // (see the dequantization notes).
   constexpr bool kWgmma = kMTiles > kMaxMmaSyncMTiles;

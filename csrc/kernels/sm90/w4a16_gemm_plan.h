@@ -40,6 +40,7 @@ inline constexpr int kMaxWarps = 8;
 inline constexpr int kSchedulersPerSm = 4;              // warp schedulers (SM sub-partitions)
 inline constexpr int kXRowBytes = kAtomCols * 2;         // 128 B: one swizzle row (8 rows = 1 KB atom)
 inline constexpr int kMaxGroupsPerAtom = kAtomCols / 32;  // 32-wide groups: two per atom
+inline constexpr int kWidestFixedGroup = 128;             // group sizes 32, 64, 128 (per-channel groups span K)
 inline constexpr int kScaleBytes = 2;                    // bf16 / fp16
 inline constexpr int kZeroBytes = 1;                     // uint8 zero point
 inline constexpr int kMinStages = 4;                     // the ring must hide HBM latency
@@ -347,9 +348,10 @@ constexpr int NarrowKLanes(int stages, int64_t atoms) {
   return static_cast<int>(std::max<int64_t>(1, lanes));
 }
 
-// Splits of K come in whole granules of atoms: wide split-K any atom; narrow clusters 128 columns, so that a
-// 4-atom stage starts on a 128-wide group and holds at most two, as many as its scale box loads.
-inline constexpr int kNarrowSplitGranuleAtoms = 128 / kAtomCols;
+// Splits of K come in whole granules of atoms: wide split-K any atom; narrow clusters the widest fixed group
+// (128 columns), so that a 4-atom stage starts on a 128-wide group and holds at most two, as many as its scale
+// box loads.
+inline constexpr int kNarrowSplitGranuleAtoms = kWidestFixedGroup / kAtomCols;
 static_assert(kNarrowStageAtoms % kNarrowSplitGranuleAtoms == 0);
 constexpr int64_t SplitGranule(W4a16Form form) { return IsNarrow(form) ? kNarrowSplitGranuleAtoms : 1; }
 

@@ -439,6 +439,3 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         parser.error(str(error))
 
-
-if __name__ == "__main__":
-    main()
