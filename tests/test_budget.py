@@ -333,6 +333,10 @@ def _check_w4a16_plan(p, max_stages):
     # 4 x m_tiles) and their mbarrier, padded to 16 bytes
     warp_sums = 32 * p.tiles_per_warp * 4 * p.m_tiles * 4
     assert p.cluster_sum_bytes == (3 * warp_sums + 16 if p.form in ("narrow", "narrow32") else 0)
+    # narrow: the k-lanes past the first (every launched warp but lane 0 and the producer) hand k-lane 0 their
+    # accumulators through the ring's bytes
+    assert p.lane_sum_bytes == ((p.max_warps - 2) * warp_sums if p.form in ("narrow", "narrow32") else 0)
+    assert p.lane_sum_bytes <= p.ring_bytes
     # + slack to align the swizzle atoms
     assert p.total_bytes == p.ring_bytes + p.barrier_bytes + p.cluster_sum_bytes + 1024
     assert p.per_sm_bytes == p.ctas_per_sm * (p.total_bytes + budget.SMEM_RESERVED_PER_CTA)

@@ -87,18 +87,18 @@ const char* W4a16FormName(jax_w4a4::sm90::w4a16::W4a16Form form) {
 }
 
 std::string DescribeW4a16(const W4a16Plan& p) {
-  char line[448];
+  char line[512];
   std::snprintf(line, sizeof line,
                 "w4a16_gemm sm90: %d tokens per CTA, %s, %d CTAs/SM of <= %d warps, %d m16 tiles a warp (%d rows): "
                 "stage of %d atoms %d B (weights %d + X %d + scales and zeros %d) x %d stages = %d, barriers %d, "
-                "cluster sums %d, alignment slack %d; total %d B/CTA, %d of %d B/SM%s\n",
+                "cluster sums %d, alignment slack %d; total %d B/CTA, %d of %d B/SM; k-lane sums %d in the ring%s\n",
                 p.block_m, W4a16FormName(p.form), p.ctas_per_sm,
                 p.max_warps, p.tiles_per_warp, p.block_rows, p.stage_atoms, p.stage_bytes, p.stage_weight_bytes,
                 p.stage_x_bytes, p.stage_scale_bytes, p.stages,
                 p.ring_bytes, p.barrier_bytes, p.cluster_sum_bytes, static_cast<int>(jax_w4a4::budget::kSwizzledAlign),
                 p.total_bytes,
                 p.per_sm_bytes,
-                static_cast<int>(jax_w4a4::budget::kSmemPerSmSm90), p.fits() ? "" : "  ** DOES NOT FIT **");
+                static_cast<int>(jax_w4a4::budget::kSmemPerSmSm90), p.lane_sum_bytes, p.fits() ? "" : "  ** DOES NOT FIT **");
   return line;
 }
 
@@ -193,7 +193,7 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
 // The w4a16 plans: JaxW4a4W4a16MTiles writes the instantiated m_tiles options and returns their count;
 // JaxW4a4W4a16Plan writes one solved plan (form: W4a16Form, 0 wide, 1 whole-SM, 2 narrow, 3 narrow32, 4 whole7): block_m, ctas_per_sm,
 // max_warps, stage_atoms, tiles_per_warp, block_rows, stages, stage_weight, stage_x, stage_scale, stage, ring, barriers,
-// cluster_sums, total, per_sm, fits (17 values); JaxW4a4W4a16Launch writes the launch plan of one problem (-1s: not served): m_tiles,
+// cluster_sums, total, per_sm, lane_sums, fits (18 values); JaxW4a4W4a16Launch writes the launch plan of one problem (-1s: not served): m_tiles,
 // m_blocks, warps, n_tiles, splits, form, k_lanes, lane_atoms, threads, arrival_counters (10 values).
 __attribute__((visibility("default"))) int JaxW4a4W4a16MTiles(int64_t* out) {
   int n = 0;
@@ -207,7 +207,7 @@ __attribute__((visibility("default"))) void JaxW4a4W4a16Plan(int m_tiles, int fo
   const int64_t values[] = {p.block_m,    p.ctas_per_sm, p.max_warps, p.stage_atoms, p.tiles_per_warp, p.block_rows,
                             p.stages,     p.stage_weight_bytes,
                             p.stage_x_bytes, p.stage_scale_bytes, p.stage_bytes, p.ring_bytes, p.barrier_bytes,
-                            p.cluster_sum_bytes, p.total_bytes, p.per_sm_bytes, p.fits() ? 1 : 0};
+                            p.cluster_sum_bytes, p.total_bytes, p.per_sm_bytes, p.lane_sum_bytes, p.fits() ? 1 : 0};
   for (int64_t v : values) *out++ = v;
 }
 

@@ -239,7 +239,9 @@ class W4a16Plan:
     B operand) and the scales and zero points of the stage's groups (up to two an atom), one TMA box each,
     with a full and an empty mbarrier; fixed: 1 KB of slack that aligns the base to the swizzle atom and,
     narrow, ``cluster_sum_bytes``: the slots where the other CTAs of a K-split cluster put their accumulators
-    (up to 3 warps' worth) and their mbarrier; ``ctas_per_sm`` CTAs designed to share an SM. ``form`` (see
+    (up to 3 warps' worth) and their mbarrier; ``ctas_per_sm`` CTAs designed to share an SM. Narrow CTAs end with
+    a sum over their k-lanes: every lane past the first puts its accumulators (a warp's) in ``lane_sum_bytes``
+    of the ring, which the plan fits only if they fit there. ``form`` (see
     ``W4A16_FORMS``): "wide"; "whole", one CTA per SM of row warps (up to 16 with 4 m16 tiles each at the
     one-token tile, 8 with 8 at the 16-token tile, 8 with 4 at the 32-token tile); "whole7", the same with 7
     tiles a warp at the 16-token tile; "narrow" (the mma.sync token tiles), one CTA per SM whose k-lanes share
@@ -264,10 +266,11 @@ class W4a16Plan:
     cluster_sum_bytes: int
     total_bytes: int
     per_sm_bytes: int
+    lane_sum_bytes: int
     fits: bool
 
 
-_W4A16_FIELDS = 17
+_W4A16_FIELDS = 18
 W4A16_FORMS = ("wide", "whole", "narrow", "narrow32", "whole7")  # W4a16Form in csrc/kernels/sm90/w4a16_gemm_plan.h, in its order
 
 

@@ -192,6 +192,9 @@ struct Config {
   static_assert(kPlan.cluster_sum_bytes ==
                     (kNarrow ? kClusterBarrierOffset - kClusterSumOffset + 2 * budget::kMbarrierBytes : 0),
                 "narrow: the cluster sums and their barrier");
+  static_assert(kPlan.lane_sum_bytes == (kNarrow ? (kPlan.max_warps - 2) * kWarpSumBytes : 0) &&
+                    kPlan.lane_sum_bytes <= kStages * (kStageWeightBytes + kStageXBytes + kStageScaleBytes),
+                "narrow: the k-lanes' sums (a warp's accumulators per lane past 0) reuse the ring");
   static_assert(kClusterSumOffset % 16 == 0 && kClusterBarrierOffset % budget::kMbarrierBytes == 0,
                 "16-byte st.async slots, an aligned mbarrier");
   static_assert(kStageWeightBytes + kStageXBytes + kStageScaleBytes < (1 << 20), "mbarrier tx-count range");

@@ -173,11 +173,13 @@ struct W4a16Plan {
   int ring_bytes;
   int barrier_bytes;    // a full and an empty mbarrier per stage
   int cluster_sum_bytes;  // narrow: kMaxNarrowCluster - 1 slots of a warp's accumulators, and their mbarrier
+  int lane_sum_bytes;   // narrow: k-lanes 1.. put their accumulators here for k-lane 0's sum; inside the ring
   int total_bytes;      // dynamic shared memory per CTA
   int per_sm_bytes;     // ctas_per_sm x (total + the driver's reservation)
 
   constexpr bool fits() const {
-    return stages >= kMinStages && total_bytes <= budget::kSmemPerBlockSm90 && per_sm_bytes <= budget::kSmemPerSmSm90;
+    return stages >= kMinStages && total_bytes <= budget::kSmemPerBlockSm90 && per_sm_bytes <= budget::kSmemPerSmSm90 &&
+           lane_sum_bytes <= ring_bytes;
   }
 };
 
@@ -201,6 +203,7 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles, W4a16Form form = W4a16Form::kWid
   const int per_cta = static_cast<int>(budget::kSmemPerSmSm90 / p.ctas_per_sm - budget::kSmemReservedPerCtaSm90);
   const int cluster_slot_bytes = (kMaxNarrowCluster - 1) * WarpAccumulatorBytes(m_tiles, form);
   p.cluster_sum_bytes = narrow ? cluster_slot_bytes + static_cast<int>(2 * budget::kMbarrierBytes) : 0;
+  p.lane_sum_bytes = narrow ? (p.max_warps - 2) * WarpAccumulatorBytes(m_tiles, form) : 0;  // less the producer, lane 0
   const int fixed = static_cast<int>(budget::kSwizzledAlign) + p.cluster_sum_bytes;
   const int stage_barrier_bytes = static_cast<int>(2 * budget::kMbarrierBytes);
   const int fit = (per_cta - fixed) / (p.stage_bytes + stage_barrier_bytes);
