@@ -5,6 +5,7 @@ cluster, each CTA ISSUES only its slice, and each CTA's full barrier EXPECTS the
 """
 
 import functools
+import itertools
 import subprocess
 import sys
 
@@ -440,6 +441,11 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     assert [plan(1, 8192, k).lane_atoms for k in (8192, 8256, 28672)] == [1, 4, 4]
     assert plan(1, 576, 1536).narrow and plan(1, 576, 1536).lane_atoms == 1
     assert not plan(1, 28672, 8192).narrow and plan(1, 28672, 8192).lane_atoms == 1  # wide: 1
+    # Narrow32 and two token tiles run narrow with short K only: the kernel has no whole-stage-run instance of them.
+    for m, n, k in itertools.product((1, 8, 9, 16), (32, 512, 1536, 4096, 8192, 8448), (512, 4096, 8192, 8256, 14336, 28672)):
+        p = plan(m, n, k)
+        if p.narrow and (p.form == "narrow32" or p.m_tiles == 2):
+            assert p.lane_atoms == 1, (m, n, k, p)
     for m, n, k in ((1, 576, 1536), (16, 1536, 576)):  # no split-K partials; the act-order gather stays
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=False, num_sms=132) == 0
         assert budget.w4a16_workspace_bytes(m, n, k, 64, act_order=True, num_sms=132) == 256 * -(-2 * m * k // 256)

@@ -863,8 +863,9 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
   using Cfg = Config<kMTiles, kForm>;
   constexpr bool kNarrow = Cfg::kNarrow;
   constexpr int kShortRun = kNarrow ? kNarrowShortRunAtoms : 1;  // wide: lane_atoms 1, a stage of 1 atom
-  // narrow32: short K only (PlanW4a16Launch), so no instance of whole-stage runs
-  constexpr int kStageRun = kForm == W4a16Form::kNarrow32 ? kShortRun : Cfg::kStageAtoms;
+  // narrow32 and two token tiles: short K only (PlanW4a16Launch), so no instance of whole-stage runs
+  constexpr int kStageRun = kForm == W4a16Form::kNarrow32 || kMTiles > 1 ? kShortRun : Cfg::kStageAtoms;
+  if (plan.lane_atoms != kShortRun && plan.lane_atoms != kStageRun) return cudaErrorInvalidConfiguration;
   auto* kernel = args.zeros != nullptr
                      ? (plan.lane_atoms == kShortRun ? &W4a16GemmKernel<T, kMTiles, true, kForm, kShortRun>
                                                      : &W4a16GemmKernel<T, kMTiles, true, kForm, kStageRun>)

@@ -335,6 +335,8 @@ inline constexpr double kNarrowSavingUs = 0.3;
 inline constexpr double kSplitUsPerSplit = 0.15;
 inline constexpr int64_t kNarrowTwoTileMaxAtoms = 64;
 inline constexpr int64_t kNarrowClusterTwoTileMaxAtoms = 128;
+// So two token tiles run narrow only with short K, in runs of kNarrowShortRunAtoms (the kernel instantiates no other).
+static_assert(kNarrowTwoTileMaxAtoms <= kNarrowShortKAtoms && kNarrowClusterTwoTileMaxAtoms <= kNarrowShortKAtoms);
 inline constexpr int kNarrowOverWholeMaxTokens = 4;
 
 // Modeled us a narrow launch saves against the wide plan, from the weight rows x atoms of a narrow CTA and
