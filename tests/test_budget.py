@@ -363,12 +363,14 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
 
 def test_w4a16_narrow_plans_add_up_fit_and_are_tight():
     """Narrow CTAs (8 and 16 tokens): one per SM, one warp's 64 rows (narrow32: 32), stages of 4 atoms (8 KB of
-    weights, narrow32 4 KB: one TMA box), up to 8 k-lanes and a producer warp; the K-split cluster's sums fit
+    weights, narrow32 4 KB: one TMA box), up to 8 k-lanes (12 at the 16-token narrow tile) and a producer warp; the
+    K-split cluster's sums fit
     beside the ring without costing it a stage (the stage counts are those from before the clusters)."""
     for form, tiles, stages in (("narrow", 4, [16, 12]), ("narrow32", 2, [25, 17])):
         for m_tiles in (1, 2):
             p = budget.w4a16_plan(m_tiles, form=form)
-            assert p.form == form and p.ctas_per_sm == 1 and p.stage_atoms == 4 and p.max_warps == 8 + 1
+            lanes = 12 if (form, m_tiles) == ("narrow", 2) else 8
+            assert p.form == form and p.ctas_per_sm == 1 and p.stage_atoms == 4 and p.max_warps == lanes + 1
             assert p.tiles_per_warp == tiles and p.block_rows == tiles * 16 and p.stage_weight_bytes == tiles * 2048
             _check_w4a16_plan(p, max_stages=32)
         assert [budget.w4a16_plan(m, form=form).stages for m in (1, 2)] == stages
@@ -418,7 +420,8 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     of them fit one wave, K has at most 128 atoms and each streams no more rows x columns than a CTA of the
     wide plan (w4a16_gemm_plan.h: kNarrow32TilesPerWarp). Otherwise 64-row narrow CTAs where one wave of them
     fits and the planner's model (NarrowGainUs) says they beat the wide plan (the next test). Narrow CTAs run a
-    k-lane per 4-atom stage up to 8 and two stages of the ring each; every launch past 16 tokens runs wide."""
+    k-lane per 4-atom stage up to 8 (12 at the 16-token narrow tile; with runs of one atom four share a stage) and
+    two of the ring's runs each; every launch past 16 tokens runs wide."""
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)
     assert (small.form, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == ("narrow32", 18, 1, 1, 6, 7 * 32)
@@ -434,7 +437,7 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     assert [[plan(m, n, k).form for m in (1, 2, 4, 8, 16)] for n, k in benchmark_shapes] == [
         ["whole"] * 4 + ["whole7"],  # 448 narrow row tiles: more than one wave
         ["narrow"] * 3 + ["whole", "wide"],  # kNarrowOverWholeMaxTokens
-        ["narrow"] * 4 + ["wide"],  # kNarrowTwoTileMaxAtoms
+        ["narrow"] * 5,  # kNarrowTwoTileMaxAtoms: two token tiles up to K = 8192
         ["narrow32"] * 5,
     ]
     # k-lanes take runs of 1 atom when K <= 8192 (four lanes per stage: a shorter last stage), else whole stages
@@ -486,10 +489,11 @@ def test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_streams_as_much():
     # at 16.
     for n, k in ((6144, 4096), (8192, 2048), (7168, 4096), (5120, 4096), (8192, 1024)):
         assert forms(n, k) == ["narrow"] * 4
-    # From K = 6144 up two token tiles stay wide (kNarrowTwoTileMaxAtoms: narrow at 16 tokens lost up to 2.2 us,
-    # won at most 0.35).
-    for n, k in ((5120, 8192), (7168, 8192), (8192, 6144), (8192, 12288)):
-        assert forms(n, k)[1:] == ["narrow"] * 2 + ["wide"]
+    # Two token tiles run narrow up to K = 8192 (kNarrowTwoTileMaxAtoms: with 12 k-lanes, session 38, 16 x 5120 x 8192
+    # 17.8 -> 14.8 us, 16 x 8192² 18.2 -> 17.3), beyond that wide (with 6 lanes they had lost up to 2.2 us from K = 6144).
+    for n, k in ((5120, 8192), (7168, 8192), (8192, 6144)):
+        assert forms(n, k) == ["narrow"] * 4
+    assert forms(8192, 12288)[1:] == ["narrow"] * 2 + ["wide"]
     # A narrow CTA streaming 1.33-1.56x the busiest wide SM's bytes lost 1.0-3.1 us.
     assert forms(6144, 12288) == forms(5120, 14336) == forms(6144, 14336) == ["wide"] * 4
     # Against whole-SM CTAs only up to kNarrowOverWholeMaxTokens (8 x 8192 x 28672: whole 35.7 us, narrow 36.9).
@@ -618,7 +622,7 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_the_16_token_tile():
     assert launch(16, 28640, 8192) == ("whole7", 8, 32, 4)  # the last warp: 5 valid tiles (N % 896 == 864)
     assert launch(16, 16384, 16384) == ("whole", 8, 16, 8)  # 128 CTAs; "whole7": 114 or 133
     assert launch(16, 18432, 14336) == ("whole", 8, 18, 7)  # 126 CTAs either way: 8 x 32 tile-atoms a warp, not 7 x 38
-    for n, k in ((8192, 28672), (11008, 28672), (16384, 12288), (8192, 8192), (28672, 4096)):
+    for n, k in ((8192, 28672), (11008, 28672), (16384, 12288), (8192, 12288), (28672, 4096)):
         assert launch(16, n, k)[0] == "wide"
     assert launch(16, 128256, 4096) == ("whole", 8, 126, 1)  # one wave (not 144 CTAs of 7 warps)
     assert launch(16, 151936, 4096)[0] == "wide"  # 149 row tiles of 1024 rows: more than one wave
@@ -642,11 +646,10 @@ def test_w4a16_workspace_follows_the_launch_plan():
     # 4096 x 4096 at 64 tokens: at most 4 splits (kMaxSplitsAt64Tokens: their 64 KB partials are summed by one
     # CTA), so 32 column tiles of 4 warps x 2 m16 tiles x 8 token tiles -> 128 CTAs.
     assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32
-    # Up to 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplits). 8192² (128
-    # atoms) at 16 tokens: 32 column tiles of 4 warps x 4 m16 tiles x 2 token tiles in 8 splits, not 16 tiles
-    # of 8 warps in 16; 8192 x 28672 (448 atoms) at 16 tokens: 16 tiles of 8 warps in 16 splits of 28 atoms; at
+    # Up to 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplits). 8192 x 12288 (192
+    # atoms) at 16 tokens: 32 column tiles of 4 warps x 4 m16 tiles x 2 token tiles in 8 splits; 8192 x 28672 (448 atoms) at 16 tokens: 16 tiles of 8 warps in 16 splits of 28 atoms; at
     # 8 whole-SM CTAs, 11 tiles of 12 warps in 12 splits of 37 atoms. At one token both run narrow: no partials.
-    assert budget.w4a16_workspace_bytes(16, 8192, 8192, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * 2 * 32
+    assert budget.w4a16_workspace_bytes(16, 8192, 12288, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * 2 * 32
     long_k = functools.partial(budget.w4a16_workspace_bytes, n=8192, k=28672, group_size=128, act_order=False, num_sms=132)
     assert long_k(16) == 16 * 16 * 16 * 8 * 4 * 2 * 32
     assert long_k(8) == 16 * 11 * 12 * 12 * 4 * 1 * 32

@@ -59,7 +59,7 @@
 // Narrow CTAs (up to 16 tokens, layers of up to num_sms x 64 rows, where the planner in w4a16_gemm_plan.h
 // picks them: a narrow CTA streams about as much as the wide plan's busiest SM and pays no split-K round
 // trips): one CTA per SM owns one warp's 64 rows (narrow32: 32, two m16 tiles, for layers of up to 132 x 32
-// rows with K <= 8192, twice the CTAs) and all of K. Roles: k-lanes (up to 8 warps, the
+// rows with K <= 8192, twice the CTAs) and all of K. Roles: k-lanes (up to 8 warps, 12 at 16 tokens, the
 // same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 1 with K <= 8192, so that four lanes
 // share a stage and the last one is computed in a quarter of the time) and a producer warp; at the end the lanes'
 // accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No

@@ -17,7 +17,7 @@
 // WholeMaxWarps row warps: at one token tile the two CTAs of a pair merged into one ring, at 16 and 32 tokens the
 // wide CTA with twice its tiles a warp (8 and 4: the registers of a CTA alone on its SM; at 16 tokens also 7, in
 // kWhole7 plans: 8 warps of 7 tiles). Narrow plans (up to 16
-// tokens, layers of up to num_sms x 64 rows; PlanW4a16Launch says when, kMaxNarrowLanes how): one warp's
+// tokens, layers of up to num_sms x 64 rows; PlanW4a16Launch says when, NarrowMaxLanes how): one warp's
 // rows (narrow32 plans: half a warp's, kNarrow32TilesPerWarp), stages of kNarrowStageAtoms atoms (the X part
 // one 3-D box of the M token rows), one CTA per SM; past the ring, the cluster sums: the slots where the
 // other CTAs of a K-split cluster (kMaxNarrowCluster) put their accumulators, and their mbarrier.
@@ -57,7 +57,7 @@ constexpr int CtasPerSm(int m_tiles) { return m_tiles <= 2 ? 2 : 1; }  // wide p
 //   kWhole7  the same with 7 m16 tiles a warp at the 16-token tile: 8 row warps hold kWhole's 896-row CTA of 7
 //            warps, whose eighth launched warp owns no rows but runs a row warp's MMAs (W4a16Threads).
 //   kNarrow    one CTA of one warp's rows (4 m16 tiles, 64 rows), K shared by k-lanes (mma.sync token tiles;
-//              see kMaxNarrowLanes).
+//              see NarrowMaxLanes).
 //   kNarrow32  the same with 2 m16 tiles a warp (32 rows): twice the CTAs, for layers of up to num_sms x 32
 //              rows with K of up to kNarrowShortKAtoms atoms a CTA (see kNarrow32TilesPerWarp).
 //   Both narrow forms may split K over a cluster of CTAs (W4a16Launch::splits, kMaxNarrowCluster) that add
@@ -112,15 +112,24 @@ constexpr int WarpAccumulatorBytes(int m_tiles, W4a16Form form) {
 }
 
 // Narrow CTAs (mma.sync token tiles only): one CTA per SM owns one warp's rows (64) and the whole of K,
-// split over up to kMaxNarrowLanes warps ("k-lanes") that take turns on the ring's stages of
+// split over up to NarrowMaxLanes warps ("k-lanes") that take turns on the ring's stages of
 // kNarrowStageAtoms atoms (in runs of lane_atoms, below) and add their accumulators through shared memory
 // at the end: no split-K partials, no arrival counter, no second CTA per SM. A dedicated producer warp fills
 // the ring. Session 15 (benchmarks/NOTES.md): a split-K launch spent ~3 us in the partials' round trips
 // (1 x 128 x 512 in 2 splits 5.4 us, 1 x 32 x 64 unsplit 2.5 us), the two CTAs on an SM streamed unevenly
 // (1 x 28672 x 8192: 22.8 and 30.1 us for the same bytes), and one-atom stages of 64 rows (2 KB) were bound
 // by their TMA issue (~200 ns a stage: 1 x 8192 x 28672 took 96 us).
-inline constexpr int kMaxNarrowLanes = 8;
 inline constexpr int kNarrowStageAtoms = 4;              // 8 KB of weights a stage: one TMA box each
+// The k-lanes a narrow CTA may launch: 8 at one token tile and in narrow32 CTAs (16 lost 2-7% at one token: 4096² 6.43
+// -> 6.85 us, 5120 x 8192 11.5 -> 12.3, 1536 x 28672 11.2 -> 11.8; session 38), 12 at the 16-token narrow tile, whose
+// k-lanes each carry twice the MMAs an atom (6 -> 12 lanes at 16 tokens, us: 1536 x 28672 16.1 -> 13.9, 8192 x 8192 as
+// narrow CTAs 17.3; 6 -> 8 lanes gave 13.9 and 17.5; session 38). The launch bound of 13 warps holds its instances at
+// 128 registers a thread (they use 125-128, no spills).
+inline constexpr int kMaxNarrowLanes = 8;
+inline constexpr int kMaxNarrowTwoTileLanes = 12;
+constexpr int NarrowMaxLanes(int m_tiles, W4a16Form form) {
+  return m_tiles == 2 && form == W4a16Form::kNarrow ? kMaxNarrowTwoTileLanes : kMaxNarrowLanes;
+}
 // A k-lane computes runs of lane_atoms consecutive atoms (W4a16Launch): whole stages, or with K of up to
 // kNarrowShortKAtoms atoms runs of kNarrowShortRunAtoms, so that several lanes compute a stage at once and the
 // last stage, which no later stream hides, takes a fraction as long. A one-atom run splits a 128-wide group
@@ -192,7 +201,7 @@ constexpr W4a16Plan SolveW4a16Plan(int m_tiles, W4a16Form form = W4a16Form::kWid
   p.block_m = 8 * m_tiles;
   p.form = form;
   p.ctas_per_sm = form == W4a16Form::kWide ? CtasPerSm(m_tiles) : 1;
-  p.max_warps = narrow ? kMaxNarrowLanes + 1 : row_warps;
+  p.max_warps = narrow ? NarrowMaxLanes(m_tiles, form) + 1 : row_warps;
   p.stage_atoms = narrow ? kNarrowStageAtoms : 1;
   p.tiles_per_warp = TilesPerWarp(m_tiles, form);
   p.block_rows = row_warps * WarpRows(m_tiles, form);
@@ -319,9 +328,10 @@ constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4
 // 12.6 / 18.0, 7168 x 8192 14.2 / 14.3 / 14.7 / 18.5 -> 13.0 / 13.3 / 14.0 / 18.8, 8192 x 2048 6.9 / 7.0 / 7.4 / 9.4
 // -> 6.4 / 6.7 / 7.0 / 7.9 (same bytes on the busiest SM, 8 splits); where a narrow CTA streams 1.33-1.56x the
 // busiest wide SM's bytes it lost (6144 x 12288 16.3 -> 17.3, 5120 x 14336 16.2 -> 19.3 at M = 1).
-// With two token tiles the narrow CTA's X (as many bytes as its weights at 16 tokens) costs more than the
-// model counts: from K = 6144 up 16 tokens lost (8192 x 6144 15.3 -> 16.1, 8192² 18.7 -> 19.5, 8192 x 12288
-// 24.7 -> 26.9), hence kNarrowTwoTileMaxAtoms. A CTA of a K-split cluster may stream up to
+// With two token tiles and 6 k-lanes (half a 12-stage ring) the narrow CTA lost from K = 6144 up at 16 tokens
+// (8192 x 6144 15.3 -> 16.1, 8192² 18.7 -> 19.5, 8192 x 12288 24.7 -> 26.9; session 27); with 12 lanes in runs of one
+// atom it wins up to K = 8192 (session 38, us at M = 16, wide -> narrow: 8192² 18.2 -> 17.3, 5120 x 8192 17.8 ->
+// 14.8), hence kNarrowTwoTileMaxAtoms, the short-K limit. A CTA of a K-split cluster may stream up to
 // kNarrowClusterTwoTileMaxAtoms: there the wide plans split K 10-28 ways, and at 9 and 16 tokens clusters of 2
 // and 4 won everywhere measured (session 28, us at M = 16, wide -> cluster): 4096 x 14336 19.7 -> 17.7,
 // 3072 x 14336 19.5 -> 17.1, 4096 x 11008 19.7 -> 15.0, 1536 x 28672 22.5 -> 17.2, 1024 x 28672 17.7 -> 17.0.
@@ -333,7 +343,7 @@ constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4
 inline constexpr double kStreamBytesPerUsPerSm = 28.5e3;
 inline constexpr double kNarrowSavingUs = 0.3;
 inline constexpr double kSplitUsPerSplit = 0.15;
-inline constexpr int64_t kNarrowTwoTileMaxAtoms = 64;
+inline constexpr int64_t kNarrowTwoTileMaxAtoms = 128;
 inline constexpr int64_t kNarrowClusterTwoTileMaxAtoms = 128;
 // So two token tiles run narrow only with short K, in runs of kNarrowShortRunAtoms (the kernel instantiates no other).
 static_assert(kNarrowTwoTileMaxAtoms <= kNarrowShortKAtoms && kNarrowClusterTwoTileMaxAtoms <= kNarrowShortKAtoms);
@@ -346,10 +356,12 @@ constexpr double NarrowGainUs(int64_t narrow_row_atoms, int64_t wide_sm_row_atom
   return kNarrowSavingUs + kSplitUsPerSplit * wide_splits - extra_bytes / kStreamBytesPerUsPerSm;
 }
 
-// A narrow CTA's k-lanes: as many as leave two stages of the ring to every lane, and no more than K's stages
-// (with short runs too: a lane per run cost 1024² at 16 tokens 4.7 -> 5.0 us, session 17).
-constexpr int NarrowKLanes(int stages, int64_t atoms) {
-  const int64_t lanes = std::min<int64_t>({kMaxNarrowLanes, stages / 2, CeilDiv(atoms, kNarrowStageAtoms)});
+// A narrow CTA's k-lanes: up to max_lanes, as many as leave two of the ring's runs to every lane (runs of
+// lane_atoms: with one-atom runs four lanes share a stage), and no more than K's stages (with short runs too: a lane
+// per run cost 1024² at 16 tokens 4.7 -> 5.0 us, session 17).
+constexpr int NarrowKLanes(int stages, int64_t atoms, int lane_atoms, int max_lanes) {
+  const int64_t lanes =
+      std::min<int64_t>({max_lanes, stages / 2 * (kNarrowStageAtoms / lane_atoms), CeilDiv(atoms, kNarrowStageAtoms)});
   return static_cast<int>(std::max<int64_t>(1, lanes));
 }
 
@@ -489,7 +501,8 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       l.splits = NarrowClusterSize(int64_t{l.n_tiles} * plan.m_blocks, atoms, num_sms);
       const int64_t cta_atoms = MaxSplitAtoms(l, atoms);
       l.lane_atoms = cta_atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
-      l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form).stages, cta_atoms);
+      l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form).stages, cta_atoms, l.lane_atoms,
+                               NarrowMaxLanes(plan.m_tiles, form));
       return l;
     };
     // Narrow32 (kNarrow32TilesPerWarp): one wave, short K a CTA, and no more rows x columns per CTA than the
