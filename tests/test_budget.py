@@ -363,9 +363,9 @@ def test_w4a16_plans_add_up_fit_and_are_tight():
 
 def test_w4a16_narrow_plans_add_up_fit_and_are_tight():
     """Narrow CTAs (8 and 16 tokens): one per SM, one warp's 64 rows (narrow32: 32), stages of 4 atoms (8 KB of
-    weights, narrow32 4 KB: one TMA box), up to 8 k-lanes (12 at the 16-token narrow tile) and a producer warp; the
-    K-split cluster's sums fit
-    beside the ring without costing it a stage (the stage counts are those from before the clusters)."""
+    weights, narrow32 4 KB: one TMA box), up to 8 k-lanes (12 at the 16-token narrow tile) and a producer warp;
+    the K-split cluster's sums fit beside the ring without costing it a stage (the stage counts are those from
+    before the clusters)."""
     for form, tiles, stages in (("narrow", 4, [16, 12]), ("narrow32", 2, [25, 17])):
         for m_tiles in (1, 2):
             p = budget.w4a16_plan(m_tiles, form=form)
@@ -445,7 +445,8 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     assert plan(1, 576, 1536).narrow and plan(1, 576, 1536).lane_atoms == 1
     assert not plan(1, 28672, 8192).narrow and plan(1, 28672, 8192).lane_atoms == 1  # wide: 1
     # Narrow32 and two token tiles run narrow with short K only: the kernel has no whole-stage-run instance of them.
-    for m, n, k in itertools.product((1, 8, 9, 16), (32, 512, 1536, 4096, 8192, 8448), (512, 4096, 8192, 8256, 14336, 28672)):
+    shapes = itertools.product((1, 8, 9, 16), (32, 512, 1536, 4096, 8192, 8448), (512, 4096, 8192, 8256, 14336, 28672))
+    for m, n, k in shapes:
         p = plan(m, n, k)
         if p.narrow and (p.form == "narrow32" or p.m_tiles == 2):
             assert p.lane_atoms == 1, (m, n, k, p)
@@ -489,8 +490,9 @@ def test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_streams_as_much():
     # at 16.
     for n, k in ((6144, 4096), (8192, 2048), (7168, 4096), (5120, 4096), (8192, 1024)):
         assert forms(n, k) == ["narrow"] * 4
-    # Two token tiles run narrow up to K = 8192 (kNarrowTwoTileMaxAtoms: with 12 k-lanes, session 38, 16 x 5120 x 8192
-    # 17.8 -> 14.8 us, 16 x 8192² 18.2 -> 17.3), beyond that wide (with 6 lanes they had lost up to 2.2 us from K = 6144).
+    # Two token tiles run narrow up to K = 8192 (kNarrowTwoTileMaxAtoms: with 12 k-lanes, session 38, 16 x 5120 x
+    # 8192 17.8 -> 14.8 us, 16 x 8192² 18.2 -> 17.3), beyond that wide (with 6 lanes they had lost up to 2.2 us from
+    # K = 6144).
     for n, k in ((5120, 8192), (7168, 8192), (8192, 6144)):
         assert forms(n, k) == ["narrow"] * 4
     assert forms(8192, 12288)[1:] == ["narrow"] * 2 + ["wide"]
@@ -647,8 +649,9 @@ def test_w4a16_workspace_follows_the_launch_plan():
     # CTA), so 32 column tiles of 4 warps x 2 m16 tiles x 8 token tiles -> 128 CTAs.
     assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32
     # Up to 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplits). 8192 x 12288 (192
-    # atoms) at 16 tokens: 32 column tiles of 4 warps x 4 m16 tiles x 2 token tiles in 8 splits; 8192 x 28672 (448 atoms) at 16 tokens: 16 tiles of 8 warps in 16 splits of 28 atoms; at
-    # 8 whole-SM CTAs, 11 tiles of 12 warps in 12 splits of 37 atoms. At one token both run narrow: no partials.
+    # atoms) at 16 tokens: 32 column tiles of 4 warps x 4 m16 tiles x 2 token tiles in 8 splits; 8192 x 28672 (448
+    # atoms) at 16 tokens: 16 tiles of 8 warps in 16 splits of 28 atoms; at 8 whole-SM CTAs, 11 tiles of 12 warps in
+    # 12 splits of 37 atoms. At one token both run narrow: no partials.
     assert budget.w4a16_workspace_bytes(16, 8192, 12288, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * 2 * 32
     long_k = functools.partial(budget.w4a16_workspace_bytes, n=8192, k=28672, group_size=128, act_order=False, num_sms=132)
     assert long_k(16) == 16 * 16 * 16 * 8 * 4 * 2 * 32

@@ -98,7 +98,8 @@ std::string DescribeW4a16(const W4a16Plan& p) {
                 p.ring_bytes, p.barrier_bytes, p.cluster_sum_bytes, static_cast<int>(jax_w4a4::budget::kSwizzledAlign),
                 p.total_bytes,
                 p.per_sm_bytes,
-                static_cast<int>(jax_w4a4::budget::kSmemPerSmSm90), p.lane_sum_bytes, p.fits() ? "" : "  ** DOES NOT FIT **");
+                static_cast<int>(jax_w4a4::budget::kSmemPerSmSm90), p.lane_sum_bytes,
+                p.fits() ? "" : "  ** DOES NOT FIT **");
   return line;
 }
 

@@ -193,7 +193,7 @@ struct Config {
                     (kNarrow ? kClusterBarrierOffset - kClusterSumOffset + 2 * budget::kMbarrierBytes : 0),
                 "narrow: the cluster sums and their barrier");
   static_assert(kPlan.lane_sum_bytes == (kNarrow ? (kPlan.max_warps - 2) * kWarpSumBytes : 0) &&
-                    kPlan.lane_sum_bytes <= kStages * (kStageWeightBytes + kStageXBytes + kStageScaleBytes),
+                    kPlan.lane_sum_bytes <= kBarrierOffset,
                 "narrow: the k-lanes' sums (a warp's accumulators per lane past 0) reuse the ring");
   static_assert(kClusterSumOffset % 16 == 0 && kClusterBarrierOffset % budget::kMbarrierBytes == 0,
                 "16-byte st.async slots, an aligned mbarrier");

@@ -120,7 +120,7 @@ constexpr int WarpAccumulatorBytes(int m_tiles, W4a16Form form) {
 // (1 x 28672 x 8192: 22.8 and 30.1 us for the same bytes), and one-atom stages of 64 rows (2 KB) were bound
 // by their TMA issue (~200 ns a stage: 1 x 8192 x 28672 took 96 us).
 inline constexpr int kNarrowStageAtoms = 4;              // 8 KB of weights a stage: one TMA box each
-// The k-lanes a narrow CTA may launch: 8 at one token tile and in narrow32 CTAs (16 lost 2-7% at one token: 4096² 6.43
+// The k-lanes a narrow CTA may launch: 8 at one token tile and in narrow32 CTAs (16 lost 5-7% at one token: 4096² 6.43
 // -> 6.85 us, 5120 x 8192 11.5 -> 12.3, 1536 x 28672 11.2 -> 11.8; session 38), 12 at the 16-token narrow tile, whose
 // k-lanes each carry twice the MMAs an atom (6 -> 12 lanes at 16 tokens, us: 1536 x 28672 16.1 -> 13.9, 8192 x 8192 as
 // narrow CTAs 17.3; 6 -> 8 lanes gave 13.9 and 17.5; session 38). The launch bound of 13 warps holds its instances at
@@ -356,12 +356,12 @@ constexpr double NarrowGainUs(int64_t narrow_row_atoms, int64_t wide_sm_row_atom
   return kNarrowSavingUs + kSplitUsPerSplit * wide_splits - extra_bytes / kStreamBytesPerUsPerSm;
 }
 
-// A narrow CTA's k-lanes: up to max_lanes, as many as leave two of the ring's runs to every lane (runs of
-// lane_atoms: with one-atom runs four lanes share a stage), and no more than K's stages (with short runs too: a lane
-// per run cost 1024² at 16 tokens 4.7 -> 5.0 us, session 17).
-constexpr int NarrowKLanes(int stages, int64_t atoms, int lane_atoms, int max_lanes) {
-  const int64_t lanes =
-      std::min<int64_t>({max_lanes, stages / 2 * (kNarrowStageAtoms / lane_atoms), CeilDiv(atoms, kNarrowStageAtoms)});
+// A narrow CTA's k-lanes: as many as its plan launches (max_warps less the producer), as leave two of the ring's runs
+// to every lane (runs of lane_atoms: with one-atom runs four lanes share a stage), and no more than K's stages (with
+// short runs too: a lane per run cost 1024² at 16 tokens 4.7 -> 5.0 us, session 17).
+constexpr int NarrowKLanes(const W4a16Plan& cta, int64_t atoms, int lane_atoms) {
+  const int64_t lanes = std::min<int64_t>(
+      {cta.max_warps - 1, cta.stages / 2 * (kNarrowStageAtoms / lane_atoms), CeilDiv(atoms, kNarrowStageAtoms)});
   return static_cast<int>(std::max<int64_t>(1, lanes));
 }
 
@@ -501,8 +501,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       l.splits = NarrowClusterSize(int64_t{l.n_tiles} * plan.m_blocks, atoms, num_sms);
       const int64_t cta_atoms = MaxSplitAtoms(l, atoms);
       l.lane_atoms = cta_atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
-      l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form).stages, cta_atoms, l.lane_atoms,
-                               NarrowMaxLanes(plan.m_tiles, form));
+      l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form), cta_atoms, l.lane_atoms);
       return l;
     };
     // Narrow32 (kNarrow32TilesPerWarp): one wave, short K a CTA, and no more rows x columns per CTA than the
