@@ -30,7 +30,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   for test_file in ${TEST_FILES:-tests/gpu/test_*.py}; do
     name=$(basename "$test_file" .py)
     XLA_FLAGS="${TEST_XLA_FLAGS---xla_gpu_enable_command_buffer=} --xla_gpu_autotune_level=0" \
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu "$test_file" \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu "$test_file" \
       --maxfail=4 -p no:cacheprovider -rf ${1:+-k "$1"} > "$logs/$name.log" 2>&1 &
     pids+=("$!:$name")
   done

@@ -425,7 +425,7 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     plan = functools.partial(budget.w4a16_launch, group_size=64, act_order=False, num_sms=132)
     small = plan(1, 576, 1536)
     assert (small.form, small.n_tiles, small.splits, small.warps, small.k_lanes, small.threads) == ("narrow32", 18, 1, 1, 6, 7 * 32)
-    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 48, 1, "narrow32", 3, 1, 4 * 32, 0)  # 9 atoms: 3 stages
+    assert plan(16, 1536, 576) == budget.W4a16Launch(2, 1, 1, 48, 1, "narrow32", 3, 1, 1, 4 * 32, 0)  # 9 atoms: 3 stages
     assert plan(1, 1024, 1024).k_lanes == 4 and plan(1, 384, 4096) is not None
     # 4096 rows: 128 narrow32 CTAs; 8192 rows: 256 do not fit one wave, 128 narrow ones do; 8512 rows: 133 do not.
     assert [plan(1, n, 1024).form for n in (4096, 8192, 8512)] == ["narrow32", "narrow", "wide"]
@@ -503,6 +503,34 @@ def test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_streams_as_much():
     # One wave or nothing: 8512 rows are 133 narrow CTAs; an H100 PCIe (114 SMs) fits 7168 rows, not 8192.
     assert forms(8512, 4096) == ["wide"] * 4
     assert forms(7168, 4096, num_sms=114) == ["narrow"] * 4 and forms(8192, 4096, num_sms=114) == ["wide"] * 4
+
+
+def test_w4a16_narrow_k_phases():
+    """Unsplit narrow launches from 8 tokens whose CTAs hold all but an eighth of the SMs start K at 8 evenly spaced
+    stages (NarrowKPhases), so that their CTAs do not read the same activations from L2 at once. Measured on the
+    H200 (session 39, benchmarks/NOTES.md), us at M = 8 / 16: 8192² 14.9 / 17.4 -> 13.3 / 15.3, 4096² (narrow32)
+    7.17 / 8.43 -> 6.60 / 7.57, 8192 x 4096 8.95 / 10.8 -> 8.40 / 10.0."""
+    def launch(m, n, k, num_sms=132):
+        p = budget.w4a16_launch(m, n, k, 64, act_order=False, num_sms=num_sms)
+        return p.form, p.n_tiles, p.splits, p.k_phases
+
+    assert [launch(m, 8192, 8192)[3] for m in (1, 7, 8, 9, 16)] == [1, 1, 8, 8, 8]
+    assert launch(16, 4096, 4096) == ("narrow32", 128, 1, 8) and launch(8, 8192, 4096)[3] == 8
+    # 80 CTAs (5120 x 8192 lost 2.6% at 8 tokens) and K-split clusters (1536 x 28672 lost 2-4%): one order
+    assert launch(8, 5120, 8192) == ("narrow", 80, 1, 1) and launch(16, 1536, 28672) == ("narrow", 24, 4, 1)
+    assert launch(16, 7424, 8192) == ("narrow", 116, 1, 8) and launch(16, 7360, 8192) == ("narrow", 115, 1, 1)
+    assert launch(16, 7424, 8192, num_sms=114)[3] == 1  # not a narrow launch there
+    # K in whole stages of 4 atoms, at least one a phase (runs of whole stages too)
+    assert [launch(16, 8192, k)[3] for k in (1792, 2048)] == [1, 8]
+    assert [launch(8, 8192, k)[3] for k in (8256, 8448)] == [1, 8]
+    # Wide and whole-SM launches: one order
+    assert launch(8, 28672, 8192)[::3] == ("whole", 1) and launch(16, 28672, 8192)[3] == 1
+    # What the launcher checks (else cudaErrorInvalidConfiguration): a power of two, unsplit narrow, whole stages
+    for m, n, k in itertools.product((1, 8, 12, 16), (4096, 7424, 8192, 8448), (1024, 2048, 3136, 8192, 8256, 28672)):
+        p = budget.w4a16_launch(m, n, k, 64, act_order=False, num_sms=132)
+        assert p.k_phases in (1, 8), (m, n, k, p)
+        if p.k_phases > 1:
+            assert p.narrow and p.splits == 1 and (k // 64) % 4 == 0 and k // 256 >= p.k_phases, (m, n, k, p)
 
 
 def test_w4a16_narrow_k_split_clusters():
@@ -698,6 +726,10 @@ def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
     budget.main(["--num-sms", "132", "w4a16", "1", "8192", "4096"])
     out = capsys.readouterr().out
     assert "narrow plan" in out and "128 CTAs" in out and "8 k-lanes in runs of 1 atom and" in out and "workspace 0 bytes" in out
+    assert "evenly spaced stages" not in out
+    budget.main(["--num-sms", "132", "w4a16", "16", "8192", "4096"])
+    assert "12 k-lanes in runs of 1 atom and a producer warp: no split-K; the CTAs start K at 8 evenly spaced stages" in (
+        capsys.readouterr().out)
     budget.main(["--num-sms", "132", "w4a16", "16", "28672", "8192"])
     out = capsys.readouterr().out
     assert "whole7 plan, 16-token tile" in out and "128 CTAs" in out and "8 row warps (896 rows)" in out

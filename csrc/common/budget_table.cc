@@ -195,7 +195,7 @@ __attribute__((visibility("default"))) void JaxW4a4ActQuantPlan(int block_rows, 
 // JaxW4a4W4a16Plan writes one solved plan (form: W4a16Form, 0 wide, 1 whole-SM, 2 narrow, 3 narrow32, 4 whole7): block_m, ctas_per_sm,
 // max_warps, stage_atoms, tiles_per_warp, block_rows, stages, stage_weight, stage_x, stage_scale, stage, ring, barriers,
 // cluster_sums, total, per_sm, lane_sums, fits (18 values); JaxW4a4W4a16Launch writes the launch plan of one problem (-1s: not served): m_tiles,
-// m_blocks, warps, n_tiles, splits, form, k_lanes, lane_atoms, threads, arrival_counters (10 values).
+// m_blocks, warps, n_tiles, splits, form, k_lanes, lane_atoms, k_phases, threads, arrival_counters (11 values).
 __attribute__((visibility("default"))) int JaxW4a4W4a16MTiles(int64_t* out) {
   int n = 0;
   for (int m_tiles : jax_w4a4::sm90::w4a16::kMTileOptions) out[n++] = m_tiles;
@@ -217,12 +217,13 @@ __attribute__((visibility("default"))) void JaxW4a4W4a16Launch(int64_t m, int64_
   namespace w4a16 = jax_w4a4::sm90::w4a16;
   const w4a16::W4a16Problem problem{m, n, k, group_size, act_order != 0};
   if (!w4a16::W4a16ShapeSupported(problem) || num_sms < 1) {
-    for (int i = 0; i < 10; ++i) out[i] = -1;
+    for (int i = 0; i < 11; ++i) out[i] = -1;
     return;
   }
   const w4a16::W4a16Launch l = w4a16::PlanW4a16Launch(problem, num_sms);
   const int64_t values[] = {l.m_tiles,  l.m_blocks,   l.warps,      l.n_tiles, l.splits, static_cast<int64_t>(l.form),
-                            l.k_lanes, l.lane_atoms, w4a16::W4a16LaunchThreads(l), w4a16::W4a16ArrivalCounters(l)};
+                            l.k_lanes, l.lane_atoms, l.k_phases, w4a16::W4a16LaunchThreads(l),
+                            w4a16::W4a16ArrivalCounters(l)};
   for (int64_t v : values) *out++ = v;
 }
 

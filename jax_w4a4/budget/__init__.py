@@ -279,10 +279,12 @@ class W4a16Launch:
     """The launch plan of one w4a16 GEMM (PlanW4a16Launch): ``m_blocks`` x ``n_tiles`` x ``splits`` CTAs of
     ``threads`` threads, of plan ``form`` (``w4a16_plan(m_tiles, form=form)``); wide and whole-SM CTAs ("whole",
     "whole7") own ``warps`` warps' rows, narrow and narrow32 ones one warp's rows shared by ``k_lanes`` warps, each
-    computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole-SM: 1). ``splits`` cuts K: wide and whole-SM
-    through workspace partials that, for each row warp, the last of its splits to arrive sums (``arrival_counters``
-    of the library's pool: one per token block, column tile and row warp of the form); narrow, as one cluster of
-    ``splits`` CTAs whose accumulators rank 0 adds from its shared memory (no workspace, no counters)."""
+    computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole-SM: 1); an unsplit narrow launch from 8 tokens
+    that fills the SMs starts its CTAs' K loops at ``k_phases`` evenly spaced stages (by column tile, wrapping
+    around), so that they do not all read the same activations from L2 at once (else 1). ``splits`` cuts K: wide and
+    whole-SM through workspace partials that, for each row warp, the last of its splits to arrive sums
+    (``arrival_counters`` of the library's pool: one per token block, column tile and row warp of the form); narrow,
+    as one cluster of ``splits`` CTAs whose accumulators rank 0 adds from its shared memory (no workspace, no counters)."""
 
     m_tiles: int
     m_blocks: int
@@ -292,6 +294,7 @@ class W4a16Launch:
     form: str
     k_lanes: int
     lane_atoms: int
+    k_phases: int
     threads: int
     arrival_counters: int
 
@@ -328,7 +331,7 @@ def w4a16_plan(m_tiles: int, *, form: str = "wide") -> W4a16Plan:
 def w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order: bool, num_sms: int) -> W4a16Launch | None:
     """The launch plan of one w4a16 GEMM planned for ``num_sms`` SMs; None when the kernel does not serve
     the shape."""
-    out = (ctypes.c_int64 * 10)()
+    out = (ctypes.c_int64 * 11)()
     _load().JaxW4a4W4a16Launch(m, n, k, group_size, int(act_order), num_sms, out)
     values = [int(v) for v in out]
     if values[0] < 0:
@@ -378,6 +381,8 @@ def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order:
     runs = f"{plan.k_lanes} k-lanes in runs of {_count(plan.lane_atoms, 'atom')} and a producer warp"
     if plan.narrow and plan.splits == 1:
         work = f"{warp_rows} rows and all of K a CTA, {runs}: no split-K"
+        if plan.k_phases > 1:
+            work += f"; the CTAs start K at {plan.k_phases} evenly spaced stages"
     elif plan.narrow:
         work = (f"{warp_rows} rows and 1/{plan.splits} of K a CTA (in granules of "
                 f"{_count(w4a16_split_granule(plan.form), 'atom')}), {runs}; clusters of {plan.splits} CTAs add "

@@ -200,7 +200,8 @@ def test_reductions_are_deterministic(n, k, narrow, splits):
 NARROW_CASES = {
     "narrow32": ((96, 576, 32, True, BF16), (2144, 1024, -1, False, FP16), (2144, 1024, 128, False, BF16),
                  (2208, 1536, 64, True, FP16)),
-    "narrow": ((4256, 576, 32, True, FP16), (4320, 1024, -1, False, BF16), (4320, 1024, 128, True, FP16)),
+    "narrow": ((4256, 576, 32, True, FP16), (4320, 1024, -1, False, BF16), (4320, 1024, 128, True, FP16),
+               (4320, 3072, 64, True, FP16)),
 }
 
 
@@ -209,13 +210,35 @@ NARROW_CASES = {
 def test_narrow_ctas(form, m):
     """Narrow CTAs (small layers, up to 16 tokens) of 32 rows (narrow32) and 64 (narrow): K's last stage partial
     (9 atoms: 3 stages of 4, so 3 k-lanes, in runs of 1 atom: a 128-wide group split between two lanes) or
-    whole, a last row tile of 32 rows in a 64-row form (N % 64 == 32), every group size, both zero-point modes.
-    Runs of whole stages (K > 8192): the decode shapes' 8192 x 28672."""
+    whole, a last row tile of 32 rows in a 64-row form (N % 64 == 32), every group size, both zero-point modes;
+    and K of 48 atoms, which launches the most k-lanes a narrow CTA has (8, 12 at 16 tokens). Runs of whole
+    stages (K > 8192): the decode shapes' 8192 x 28672."""
     for n, k, group_size, zero_point, dtype in NARROW_CASES[form]:
         size = k if group_size == -1 else group_size
         plan = budget.w4a16_launch(m, n, k, size, act_order=False, num_sms=_num_sms())
         assert plan.form == form and plan.lane_atoms == 1 and plan.splits == 1
         run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, False, True)
+
+
+# (tokens, n, k, group size, zero points, dtype, act-order) whose narrow CTAs start K in phases (NarrowKPhases)
+PHASED_CASES = (
+    (8, 8192, 2048, 32, True, FP16, False),  # 8 stages: a phase each
+    (16, 4096, 3072, -1, False, BF16, False),  # narrow32, per channel
+    (13, 7424, 4096, 128, True, BF16, True),  # 116 CTAs, two token tiles, act-order
+    (8, 7424, 8448, 64, False, FP16, False),  # runs of whole stages
+)
+
+
+@pytest.mark.parametrize("case", PHASED_CASES, ids=lambda c: f"m{c[0]}-{c[1]}x{c[2]}-g{c[3]}")
+def test_narrow_ctas_in_k_phases(case):
+    """Narrow CTAs that start K at one of 8 evenly spaced stages by row tile and wrap around: every group size's
+    boundaries, zero points and act-order stay with their atoms, at one and two token tiles, in runs of one atom
+    and of whole stages."""
+    m, n, k, group_size, zero_point, dtype, act_order = case
+    size = k if group_size == -1 else group_size
+    plan = budget.w4a16_launch(m, n, k, size, act_order=act_order, num_sms=_num_sms())
+    assert plan.narrow and plan.splits == 1 and plan.k_phases == 8, plan
+    run_and_compare(activations((m,), k, dtype, seed=m), n, k, group_size, zero_point, dtype, act_order, True)
 
 
 # (n, k, group size, zero points, dtype, act-order, tokens) -> the narrow form and the K-split cluster it runs

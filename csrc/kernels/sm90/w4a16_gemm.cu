@@ -63,11 +63,13 @@
 // same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 1 with K <= 8192, so that four lanes
 // share a stage and the last one is computed in a quarter of the time) and a producer warp; at the end the lanes'
 // accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No
-// workspace, no arrival counter. K-split clusters (where fewer row tiles than SMs: W4a16Launch::splits): the
-// CTAs of a row tile form one cluster of 2 or 4, each with its share of K in 128-column granules; after the lanes' sum,
-// k-lane 0 of rank r > 0 stores its accumulators into rank 0's cluster-sum slot r - 1 (st.async, counted on
-// rank 0's mbarrier, which the cluster barrier after __syncthreads published) and exits; rank 0 waits for the
-// bytes, adds the slots in rank order (deterministic) and stores Y.
+// workspace, no arrival counter. From 8 tokens the unsplit CTAs of a launch that fills the SMs start K in 8
+// phases (W4a16Launch::k_phases: stage offsets by row tile, wrapping around), so that they do not all read the
+// same X stage from L2 at once (16 x 8192²: 17.4 -> 15.3 us, session 39). K-split clusters (where fewer row
+// tiles than SMs: W4a16Launch::splits): the CTAs of a row tile form one cluster of 2 or 4, each with its share
+// of K in 128-column granules; after the lanes' sum, k-lane 0 of rank r > 0 stores its accumulators into rank
+// 0's cluster-sum slot r - 1 (st.async, counted on rank 0's mbarrier, which the cluster barrier after
+// __syncthreads published) and exits; rank 0 waits for the bytes, adds the slots in rank order (deterministic) and stores Y.
 //
 // Pipelines (wide: the warps compute, one thread also produces; narrow: a producer warp; no __syncthreads
 // in the loop):
@@ -214,6 +216,8 @@ struct KernelParams {
   int group_shift;           // log2(group_size), or kPerChannelShift: groups are powers of two or all of K
   int atoms;                 // k / 64
   int warps, n_tiles, splits;
+  int k_phases;              // narrow: W4a16Launch::k_phases, a power of two (the launcher checks it and whole stages)
+  int phase_atoms;           // narrow: the atoms from one phase's first stage to the next one's
   uint32_t stage_tx_bytes;   // the bytes of a stage's boxes, from the boxes LaunchTyped encodes
 };
 
@@ -445,8 +449,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   // ring: L2 hits).
   const bool producer = tid == (launched_warps - 1) * 32;
   const uint64_t evict_first = ptx::L2EvictFirstPolicy();
-  auto issue_stage = [&](int stage, int slot) {
-    const int atom = atom_begin + stage * Cfg::kStageAtoms;
+  auto issue_stage = [&](int stage_offset, int slot) {  // the stage of atoms atom_begin + stage_offset ..
+    const int atom = atom_begin + stage_offset;
     const uint32_t full = full_barrier(slot);
     const uint32_t scale_stage = smem_base + Cfg::kScaleRingOffset + slot * Cfg::kStageScaleBytes;
     const int group = GroupOfAtom(atom, p.group_shift);
@@ -487,7 +491,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   __syncthreads();  // the barriers are initialized
   if (cluster_split) ptx::ClusterArriveRelease();
   if (!kNarrow && producer) {
-    for (int i = 0; i < kStages - 1 && i < num_atoms; ++i) issue_stage(i, i);
+    for (int i = 0; i < kStages - 1 && i < num_atoms; ++i) issue_stage(i * Cfg::kStageAtoms, i);
   }
 
   // ---- compute state. A wgmma accumulator of N = 8 kMTiles tokens holds, per warp, the m16 tile's
@@ -516,11 +520,19 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   // Narrow: the producer warp fills stage s into slot s % kStages once the k-lanes of stage s - kStages have
   // released it; the atoms come in runs of kLaneAtoms, and k-lane l computes runs l, l + k_lanes, ...
   const int num_stages = (num_atoms + Cfg::kStageAtoms - 1) / Cfg::kStageAtoms;
+  // Launched in k_phases phases (NarrowKPhases), the CTA starts K at its phase's stage and wraps: the loop's stage s
+  // holds atoms atom_begin + (4 s + (tile mod k_phases) x phase_atoms) mod num_atoms. The k-lanes need not know: a
+  // rotation by whole stages moves no group or promotion boundary within a stage, and weights, X and scales come in
+  // the same stage. (The rotation computed by every thread, with a division by k_phases, cost unphased narrow launches
+  // 1-5% at one token whether or not the k-lanes rotated their atom indices too, session 39: the launcher computes
+  // phase_atoms, and only the producer lane the offsets.)
   if (kNarrow && warp == k_lanes) {
     if (lane == 0) {
+      int stage_offset = (tile & (p.k_phases - 1)) * p.phase_atoms;
       for (int stage = 0; stage < num_stages; ++stage) {
         if (stage >= kStages) tma::MbarWait(empty_barrier(stage % kStages), (stage / kStages - 1) & 1);
-        issue_stage(stage, stage % kStages);
+        issue_stage(stage_offset, stage % kStages);
+        stage_offset = stage_offset + Cfg::kStageAtoms == num_atoms ? 0 : stage_offset + Cfg::kStageAtoms;
       }
     }
   }
@@ -532,7 +544,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   int slot = 0;             // wide: slot of atom i
   uint32_t full_phase = 0;  // wide: parity of the slot's full barrier for atom i (flips when the slot wraps)
   for (int i = first_atom; i < num_atoms; i = next_atom(i)) {
-    const int atom = atom_begin + i;
+    const int atom = atom_begin + i;  // in the loop's order (a rotated K: see the producer warp)
     // Narrow: the atom's stage, slot and place in its stage and run, in unsigned arithmetic: signed divisions
     // and remainders cost ~30 instructions an atom on the k-lanes' dependency chains (1 x 8192² 13.5 -> 13.0 us,
     // session 34).
@@ -548,7 +560,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
       if (producer && i + kStages - 1 < num_atoms) {
         const int refill = i + kStages - 1;  // its slot last held atom refill - kStages = i - 1
         if (i > 0) tma::MbarWait(empty_barrier(refill % kStages), (refill / kStages - 1) & 1);
-        issue_stage(refill, refill % kStages);
+        issue_stage(refill * Cfg::kStageAtoms, refill % kStages);
       }
       tma::MbarWait(full_barrier(slot), full_phase);  // atom i's stage (weights, X, scales) landed
       atom_slot = slot;
@@ -981,6 +993,12 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
   params.warps = plan.warps;
   params.n_tiles = plan.n_tiles;
   params.splits = plan.splits;
+  params.k_phases = plan.k_phases;
+  params.phase_atoms = params.atoms / kNarrowStageAtoms / plan.k_phases * kNarrowStageAtoms;
+  if (plan.k_phases < 1 || (plan.k_phases & (plan.k_phases - 1)) != 0 ||
+      (plan.k_phases > 1 && (!IsNarrow(plan.form) || params.atoms % kNarrowStageAtoms != 0 || plan.splits != 1))) {
+    return cudaErrorInvalidConfiguration;
+  }
   switch (plan.m_tiles) {
     case 1: return LaunchForm<T, 1>(params, plan, x, args, stream);
     case 2: return LaunchForm<T, 2>(params, plan, x, args, stream);

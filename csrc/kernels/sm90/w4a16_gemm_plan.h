@@ -295,6 +295,7 @@ struct W4a16Launch {
   W4a16Form form;  // the CTAs' plan: SolveW4a16Plan(m_tiles, form); narrow: k_lanes warps share one warp's rows
   int k_lanes;   // 1, or a narrow CTA's computing warps
   int lane_atoms;  // narrow: the atoms of a k-lane's runs (kNarrowShortRunAtoms or a stage); wide: 1
+  int k_phases;    // narrow: the stages its CTAs start K at, evenly spaced (NarrowKPhases); 1: all at the first
 };
 
 struct W4a16Workspace {
@@ -363,6 +364,30 @@ constexpr int NarrowKLanes(const W4a16Plan& cta, int64_t atoms, int lane_atoms) 
   const int64_t lanes = std::min<int64_t>(
       {cta.max_warps - 1, cta.stages / 2 * (kNarrowStageAtoms / lane_atoms), CeilDiv(atoms, kNarrowStageAtoms)});
   return static_cast<int>(std::max<int64_t>(1, lanes));
+}
+
+// The K order of an unsplit narrow launch: with k_phases > 1, the CTA of row tile t starts its K loop at stage
+// (t % k_phases) x stages / k_phases and wraps around, so that its CTAs do not all read the same X stage from L2 at
+// once (every narrow CTA reads all of X: at 8-16 tokens half to all of a stage's weight bytes; 16 x 8192² took 17.4
+// us, 9 x 8192² 16.3: the same kernel, 7 token rows fewer). Session 39 (benchmarks/NOTES.md), every narrow launch in
+// 8 phases, us at M = 1 / 8 / 16: 8192² 12.8 / 14.9 / 17.4 -> 12.6 / 13.3 / 15.3, 4096² (narrow32) 6.42 / 7.17 / 8.43
+// -> 6.57 / 6.60 / 7.57, 8192 x 4096 8.08 / 8.95 / 10.80 -> 8.07 / 8.40 / 10.04; with fewer CTAs it lost, 5120 x 8192
+// (80) 11.52 / 11.73 / 14.75 -> 11.95 / 12.04 / 14.68, and with K-split clusters, whose ranks read different X
+// already, 1536 x 28672 11.13 / 11.25 / 13.80 -> 11.56 / 11.65 / 14.08 (that build rotated the k-lanes' atom indices
+// too, which alone cost unphased launches 1-5%: part of these losses); 2 and 4 phases gained less at 8-16 tokens, a
+// start of its own for every CTA lost more at 1. Hence: 8 phases from kNarrowPhasedMinTokens tokens, unsplit, CTAs on
+// all but 1 / kNarrowPhasedIdleSmsDivisor of the SMs, and K in whole stages (a rotation by whole stages keeps every
+// group and promotion boundary where it was).
+inline constexpr int kNarrowKPhases = 8;
+static_assert((kNarrowKPhases & (kNarrowKPhases - 1)) == 0, "the kernel takes a CTA's phase as a mask of its tile");
+inline constexpr int64_t kNarrowPhasedMinTokens = 8;
+inline constexpr int kNarrowPhasedIdleSmsDivisor = 8;
+constexpr int NarrowKPhases(const W4a16Launch& l, int64_t tokens, int64_t atoms, int num_sms) {
+  const int64_t ctas = int64_t{l.n_tiles} * l.m_blocks;
+  const bool phased = tokens >= kNarrowPhasedMinTokens && l.splits == 1 &&
+                      ctas >= num_sms - num_sms / kNarrowPhasedIdleSmsDivisor && atoms % kNarrowStageAtoms == 0 &&
+                      atoms / kNarrowStageAtoms >= kNarrowKPhases;
+  return phased ? kNarrowKPhases : 1;
 }
 
 // Splits of K come in whole granules of atoms: wide split-K any atom; narrow clusters the widest fixed group
@@ -460,6 +485,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   }
   plan.k_lanes = 1;
   plan.lane_atoms = 1;
+  plan.k_phases = 1;
   // Whole-SM CTAs (HasForm, kWholeMinAtomsPerSplit, kWholeMaxSplits): of the token tile's whole forms and
   // WholeMinWarps..WholeMaxWarps row warps, the most CTAs up to one per SM (one wave: a second wave of a few CTAs
   // would cost as long as the first); ties go to more row warps (a launched warp without rows runs a row warp's
@@ -502,6 +528,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       const int64_t cta_atoms = MaxSplitAtoms(l, atoms);
       l.lane_atoms = cta_atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
       l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form), cta_atoms, l.lane_atoms);
+      l.k_phases = NarrowKPhases(l, p.m, atoms, num_sms);
       return l;
     };
     // Narrow32 (kNarrow32TilesPerWarp): one wave, short K a CTA, and no more rows x columns per CTA than the
