@@ -508,8 +508,8 @@ def test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_streams_as_much():
 def test_w4a16_narrow_k_phases():
     """Unsplit narrow launches from 8 tokens whose CTAs hold all but an eighth of the SMs start K at 8 evenly spaced
     stages (NarrowKPhases), so that their CTAs do not read the same activations from L2 at once. Measured on the
-    H200 (session 39, benchmarks/NOTES.md), us at M = 8 / 16: 8192² 14.9 / 17.4 -> 13.3 / 15.3, 4096² (narrow32)
-    7.17 / 8.43 -> 6.60 / 7.57, 8192 x 4096 8.95 / 10.8 -> 8.40 / 10.0."""
+    H200 with every narrow launch in 8 phases (session 39, benchmarks/NOTES.md), us at M = 8 / 16: 8192² 14.9 / 17.4
+    -> 13.3 / 15.3, 4096² (narrow32) 7.17 / 8.43 -> 6.60 / 7.57, 8192 x 4096 8.95 / 10.8 -> 8.40 / 10.0."""
     def launch(m, n, k, num_sms=132):
         p = budget.w4a16_launch(m, n, k, 64, act_order=False, num_sms=num_sms)
         return p.form, p.n_tiles, p.splits, p.k_phases

@@ -65,11 +65,12 @@
 // accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No
 // workspace, no arrival counter. From 8 tokens the unsplit CTAs of a launch that fills the SMs start K in 8
 // phases (W4a16Launch::k_phases: stage offsets by row tile, wrapping around), so that they do not all read the
-// same X stage from L2 at once (16 x 8192²: 17.4 -> 15.3 us, session 39). K-split clusters (where fewer row
-// tiles than SMs: W4a16Launch::splits): the CTAs of a row tile form one cluster of 2 or 4, each with its share
-// of K in 128-column granules; after the lanes' sum, k-lane 0 of rank r > 0 stores its accumulators into rank
-// 0's cluster-sum slot r - 1 (st.async, counted on rank 0's mbarrier, which the cluster barrier after
-// __syncthreads published) and exits; rank 0 waits for the bytes, adds the slots in rank order (deterministic) and stores Y.
+// same X stage from L2 at once (16 x 8192²: 17.4 -> 15.4-15.6 us, session 39). K-split clusters (where fewer
+// row tiles than SMs: W4a16Launch::splits): the CTAs of a row tile form one cluster of 2 or 4, each with its
+// share of K in 128-column granules; after the lanes' sum, k-lane 0 of rank r > 0 stores its accumulators into
+// rank 0's cluster-sum slot r - 1 (st.async, counted on rank 0's mbarrier, which the cluster barrier after
+// __syncthreads published) and exits; rank 0 waits for the bytes, adds the slots in rank order (deterministic)
+// and stores Y.
 //
 // Pipelines (wide: the warps compute, one thread also produces; narrow: a producer warp; no __syncthreads
 // in the loop):
