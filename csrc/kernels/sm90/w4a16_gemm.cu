@@ -994,12 +994,12 @@ cudaError_t LaunchForDtype(const GemmArgs& args, const W4a16Launch& plan, const 
   params.warps = plan.warps;
   params.n_tiles = plan.n_tiles;
   params.splits = plan.splits;
-  params.k_phases = plan.k_phases;
-  params.phase_atoms = params.atoms / kNarrowStageAtoms / plan.k_phases * kNarrowStageAtoms;
   if (plan.k_phases < 1 || (plan.k_phases & (plan.k_phases - 1)) != 0 ||
       (plan.k_phases > 1 && (!IsNarrow(plan.form) || params.atoms % kNarrowStageAtoms != 0 || plan.splits != 1))) {
     return cudaErrorInvalidConfiguration;
   }
+  params.k_phases = plan.k_phases;
+  params.phase_atoms = params.atoms / kNarrowStageAtoms / plan.k_phases * kNarrowStageAtoms;
   switch (plan.m_tiles) {
     case 1: return LaunchForm<T, 1>(params, plan, x, args, stream);
     case 2: return LaunchForm<T, 2>(params, plan, x, args, stream);
