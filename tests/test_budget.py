@@ -436,15 +436,18 @@ def test_w4a16_narrow_ctas_serve_small_layers():
     benchmark_shapes = ((28672, 8192), (8192, 28672), (8192, 8192), (4096, 4096))
     assert [[plan(m, n, k).form for m in (1, 2, 4, 8, 16)] for n, k in benchmark_shapes] == [
         ["whole"] * 4 + ["whole7"],  # 448 narrow row tiles: more than one wave
-        ["narrow"] * 3 + ["whole", "wide"],  # kNarrowOverWholeMaxTokens
-        ["narrow"] * 5,  # kNarrowTwoTileMaxAtoms: two token tiles up to K = 8192
+        ["narrow"] * 3 + ["whole", "narrow"],  # kNarrowOverWholeMaxTokens; at 16 no whole plan fits (16 splits)
+        ["narrow"] * 5,
         ["narrow32"] * 5,
     ]
-    # k-lanes take runs of 1 atom when K <= 8192 (four lanes per stage: a shorter last stage), else whole stages
+    # k-lanes take runs of 1 atom when K <= 8192 (four lanes per stage: a shorter last stage), else whole stages;
+    # two token tiles at any K
     assert [plan(1, 8192, k).lane_atoms for k in (8192, 8256, 28672)] == [1, 4, 4]
+    assert [plan(16, 8192, k).lane_atoms for k in (8192, 8256, 28672)] == [1, 1, 1]
     assert plan(1, 576, 1536).narrow and plan(1, 576, 1536).lane_atoms == 1
     assert not plan(1, 28672, 8192).narrow and plan(1, 28672, 8192).lane_atoms == 1  # wide: 1
-    # Narrow32 and two token tiles run narrow with short K only: the kernel has no whole-stage-run instance of them.
+    # Narrow32 (short K only) and two token tiles take runs of 1 atom: the kernel has no whole-stage-run instance
+    # of them.
     shapes = itertools.product((1, 8, 9, 16), (32, 512, 1536, 4096, 8192, 8448), (512, 4096, 8192, 8256, 14336, 28672))
     for m, n, k in shapes:
         p = plan(m, n, k)
@@ -490,12 +493,12 @@ def test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_streams_as_much():
     # at 16.
     for n, k in ((6144, 4096), (8192, 2048), (7168, 4096), (5120, 4096), (8192, 1024)):
         assert forms(n, k) == ["narrow"] * 4
-    # Two token tiles run narrow up to K = 8192 (kNarrowTwoTileMaxAtoms: with 12 k-lanes, session 38, 16 x 5120 x
-    # 8192 17.8 -> 14.8 us, 16 x 8192² 18.2 -> 17.3), beyond that wide (with 6 lanes they had lost up to 2.2 us from
-    # K = 6144).
-    for n, k in ((5120, 8192), (7168, 8192), (8192, 6144)):
+    # Two token tiles with 12 k-lanes (session 38, 16 x 5120 x 8192 17.8 -> 14.8 us, 16 x 8192² 18.2 -> 17.3; with 6
+    # lanes they had lost up to 2.2 us from K = 6144), at any K once their CTAs start K in phases (session 40, 16 x
+    # 8192 x 14336 27.6 -> 23.8 us, 16 x 8192 x 28672 45.8 -> 43.5).
+    for n, k in ((5120, 8192), (7168, 8192), (8192, 6144), (8192, 12288), (8448, 16384)):
         assert forms(n, k) == ["narrow"] * 4
-    assert forms(8192, 12288)[1:] == ["narrow"] * 2 + ["wide"]
+    assert budget.w4a16_launch(16, 8192, 28672, 128, act_order=False, num_sms=132).k_phases == 8
     # A narrow CTA streaming 1.33-1.56x the busiest wide SM's bytes lost 1.0-3.1 us.
     assert forms(6144, 12288) == forms(5120, 14336) == forms(6144, 14336) == ["wide"] * 4
     # Against whole-SM CTAs only up to kNarrowOverWholeMaxTokens (8 x 8192 x 28672: whole 35.7 us, narrow 36.9).
@@ -581,12 +584,13 @@ def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
         p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
         return p.warps, p.n_tiles, p.splits
 
-    # (1 x 4096 x 28672, measured here too, now runs narrow clusters: test_w4a16_narrow_k_split_clusters.)
-    shapes = ((1, 6144, 12288), (16, 8192, 14336), (16, 4096, 28672), (1, 16384, 3072), (1, 11008, 11008))
+    # (1 x 4096 x 28672, measured here too, now runs narrow clusters: test_w4a16_narrow_k_split_clusters. 16 x 8192 x
+    # 14336, whose wide plan went from 6 (8) x 22 x 12 to 4 x 32 x 8 here, 32.0 -> 28.1 us, now runs narrow CTAs:
+    # test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_streams_as_much.)
+    shapes = ((1, 6144, 12288), (16, 4096, 28672), (1, 16384, 3072), (1, 11008, 11008))
     cells = {shape: grid(*shape) for shape in shapes}
     assert cells == {
         (1, 6144, 12288): (4, 24, 11),   # was 5 warps (launched as 8) x 20 tiles x 12 splits: 21.1 -> 16.3 us
-        (16, 8192, 14336): (4, 32, 8),   # was 6 (8) x 22 x 12: 32.0 -> 28.1 us
         (16, 4096, 28672): (4, 16, 16),  # was 6 (8) x 11 x 24: 34.5 -> 29.2 us
         (1, 16384, 3072): (4, 64, 4),    # was 6 (8) x 43 x 6; 8 x 32 x 8 at 40 %: 12.8-13.0 -> 11.7 us
         (1, 11008, 11008): (4, 43, 6),   # was 6 (8) x 29 x 9; 7 (8) x 25 x 10 at 40 %: 24.3-24.4 -> 22.8-22.9 us
@@ -639,9 +643,9 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_the_32_token_tile():
 def test_w4a16_whole_sm_ctas_take_long_splits_at_the_16_token_tile():
     """9-16 tokens: the same rule picks one CTA per SM of 8 warps, with 8 m16 tiles each or 7 ("whole7"), instead of
     a wide pair with 4 tiles a warp (session 30: 16 x 28672 x 8192 46.5 -> 44.2 us); more than 8 splits (8192 x
-    28672 in 13 lost, 46.6 -> 50.1 us) and short splits stay wide. 896-row CTAs are 8 warps of 7 tiles, not 7 of 8
-    with a launched warp without rows (session 31: 43.6-43.9 -> 41.7-41.9 us); where both forms give as many
-    CTAs, the one with the fewer tiles x atoms a warp."""
+    28672 in 13 lost, 46.6 -> 50.1 us; it now runs narrow CTAs) and short splits stay wide. 896-row CTAs are 8
+    warps of 7 tiles, not 7 of 8 with a launched warp without rows (session 31: 43.6-43.9 -> 41.7-41.9 us); where
+    both forms give as many CTAs, the one with the fewer tiles x atoms a warp."""
     def launch(m, n, k):
         p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
         return p.form, p.warps, p.n_tiles, p.splits
@@ -652,8 +656,9 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_the_16_token_tile():
     assert launch(16, 28640, 8192) == ("whole7", 8, 32, 4)  # the last warp: 5 valid tiles (N % 896 == 864)
     assert launch(16, 16384, 16384) == ("whole", 8, 16, 8)  # 128 CTAs; "whole7": 114 or 133
     assert launch(16, 18432, 14336) == ("whole", 8, 18, 7)  # 126 CTAs either way: 8 x 32 tile-atoms a warp, not 7 x 38
-    for n, k in ((8192, 28672), (11008, 28672), (16384, 12288), (8192, 12288), (28672, 4096)):
+    for n, k in ((11008, 28672), (16384, 12288), (9216, 12288), (28672, 4096)):
         assert launch(16, n, k)[0] == "wide"
+    assert launch(16, 8192, 28672)[0] == launch(16, 8192, 12288)[0] == "narrow"  # one wave of 64-row CTAs
     assert launch(16, 128256, 4096) == ("whole", 8, 126, 1)  # one wave (not 144 CTAs of 7 warps)
     assert launch(16, 151936, 4096)[0] == "wide"  # 149 row tiles of 1024 rows: more than one wave
 
@@ -676,16 +681,16 @@ def test_w4a16_workspace_follows_the_launch_plan():
     # 4096 x 4096 at 64 tokens: at most 4 splits (kMaxSplitsAt64Tokens: their 64 KB partials are summed by one
     # CTA), so 32 column tiles of 4 warps x 2 m16 tiles x 8 token tiles -> 128 CTAs.
     assert budget.w4a16_workspace_bytes(64, 4096, 4096, 128, act_order=False, num_sms=132) == 16 * 32 * 4 * 4 * 2 * 8 * 32
-    # Up to 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplits). 8192 x 12288 (192
-    # atoms) at 16 tokens: 32 column tiles of 4 warps x 4 m16 tiles x 2 token tiles in 8 splits; 8192 x 28672 (448
-    # atoms) at 16 tokens: 16 tiles of 8 warps in 16 splits of 28 atoms; at 8 whole-SM CTAs, 11 tiles of 12 warps in
-    # 12 splits of 37 atoms. At one token both run narrow: no partials.
-    assert budget.w4a16_workspace_bytes(16, 8192, 12288, 128, act_order=False, num_sms=132) == 16 * 32 * 8 * 4 * 4 * 2 * 32
+    # Up to 16 tokens: more than 8 splits only when each streams >= 16 atoms (kMaxShortSplits). 9216 x 12288 (192
+    # atoms) at 16 tokens: 36 column tiles of 4 warps x 4 m16 tiles x 2 token tiles in 7 splits; 9216 x 28672 (448
+    # atoms) at 16 tokens: 18 tiles of 8 warps in 14 splits of 32 atoms. 8192 x 28672 at 8 tokens: whole-SM CTAs, 11
+    # tiles of 12 warps in 12 splits of 37 atoms; at one token and at 16 it runs narrow, as 8192² does: no partials.
+    assert budget.w4a16_workspace_bytes(16, 9216, 12288, 128, act_order=False, num_sms=132) == 16 * 36 * 7 * 4 * 4 * 2 * 32
+    assert budget.w4a16_workspace_bytes(16, 9216, 28672, 128, act_order=False, num_sms=132) == 16 * 18 * 14 * 8 * 4 * 2 * 32
     long_k = functools.partial(budget.w4a16_workspace_bytes, n=8192, k=28672, group_size=128, act_order=False, num_sms=132)
-    assert long_k(16) == 16 * 16 * 16 * 8 * 4 * 2 * 32
     assert long_k(8) == 16 * 11 * 12 * 12 * 4 * 1 * 32
-    for n, k in ((8192, 8192), (8192, 28672)):
-        assert budget.w4a16_workspace_bytes(1, n, k, 128, act_order=False, num_sms=132) == 0
+    for m, n, k in ((1, 8192, 8192), (16, 8192, 8192), (1, 8192, 28672), (16, 8192, 28672)):
+        assert budget.w4a16_workspace_bytes(m, n, k, 128, act_order=False, num_sms=132) == 0
     assert budget.w4a16_workspace_bytes(1, 28672 + 16, 8192, 128, act_order=False, num_sms=132) == -1  # N % 32
     assert budget.w4a16_workspace_bytes(0, 28672, 8192, 128, act_order=False, num_sms=132) == -1
 

@@ -226,6 +226,7 @@ PHASED_CASES = (
     (16, 4096, 3072, -1, False, BF16, False),  # narrow32, per channel
     (13, 7424, 4096, 128, True, BF16, True),  # 116 CTAs, two token tiles, act-order
     (8, 7424, 8448, 64, False, FP16, False),  # runs of whole stages
+    (9, 8448, 11008, -1, False, BF16, False),  # two token tiles at long K (runs of one atom), per channel, 132 CTAs
 )
 
 

@@ -60,9 +60,9 @@
 // picks them: a narrow CTA streams about as much as the wide plan's busiest SM and pays no split-K round
 // trips): one CTA per SM owns one warp's 64 rows (narrow32: 32, two m16 tiles, for layers of up to 132 x 32
 // rows with K <= 8192, twice the CTAs) and all of K. Roles: k-lanes (up to 8 warps, 12 at 16 tokens, the
-// same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 1 with K <= 8192, so that four lanes
-// share a stage and the last one is computed in a quarter of the time) and a producer warp; at the end the lanes'
-// accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No
+// same rows, each computing every k_lanes-th run of atoms: a stage of 4, or 1 with K <= 8192 or 9-16 tokens, so
+// that four lanes share a stage and the last one is computed in a quarter of the time) and a producer warp; at the
+// end the lanes' accumulators are added in lane order through shared memory (deterministic), and k-lane 0 stores. No
 // workspace, no arrival counter. From 8 tokens the unsplit CTAs of a launch that fills the SMs start K in 8
 // phases (W4a16Launch::k_phases: stage offsets by row tile, wrapping around), so that they do not all read the
 // same X stage from L2 at once (16 x 8192²: 17.4 -> 15.4-15.6 us, session 39). K-split clusters (where fewer
@@ -876,7 +876,7 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
   using Cfg = Config<kMTiles, kForm>;
   constexpr bool kNarrow = Cfg::kNarrow;
   constexpr int kShortRun = kNarrow ? kNarrowShortRunAtoms : 1;  // wide: lane_atoms 1, a stage of 1 atom
-  // narrow32 and two token tiles: short K only (PlanW4a16Launch), so no instance of whole-stage runs
+  // narrow32 (short K only) and two token tiles (NarrowLaneAtoms): no instance of whole-stage runs
   constexpr int kStageRun = kForm == W4a16Form::kNarrow32 || kMTiles > 1 ? kShortRun : Cfg::kStageAtoms;
   if (plan.lane_atoms != kShortRun && plan.lane_atoms != kStageRun) return cudaErrorInvalidConfiguration;
   auto* kernel = args.zeros != nullptr

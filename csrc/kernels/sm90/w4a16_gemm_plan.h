@@ -137,9 +137,14 @@ constexpr int NarrowMaxLanes(int m_tiles, W4a16Form form) {
 // stages -> runs of 2, 1 / 2 tokens: 8192² 14.1 / 14.3-14.4 -> 13.5-13.6 / 13.9-14.0 us, 2048² 5.8 -> 5.3-5.4
 // (with K = 28672 runs of 2 took 36.1 -> 36.7-36.8 us, so long K keeps whole stages); session 35, runs of 2 -> 1,
 // 1 / 16 tokens: 4096² 6.68 -> 6.43 / 8.63 -> 8.41 us, 1024 x 4096 5.20 -> 5.00 / 5.67 -> 5.40, 8192² 13.2 -> 12.9.
+// Two token tiles take one-atom runs at any K (the kernel instantiates no other run for them): measured at up to K =
+// 28672 against wide plans (session 40, NarrowGainUs below), never against whole-stage runs.
 inline constexpr int kNarrowShortRunAtoms = 1;
 inline constexpr int kNarrowShortKAtoms = 128;
 static_assert(kNarrowStageAtoms % kNarrowShortRunAtoms == 0);
+constexpr int NarrowLaneAtoms(int m_tiles, int64_t cta_atoms) {
+  return m_tiles == 2 || cta_atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
+}
 inline constexpr int kMaxNarrowStages = 32;
 // Narrow K-split clusters: where fewer narrow CTAs than SMs own all the rows, the CTAs of a row tile split K
 // as one cluster of 2 or 4 (W4a16Launch::splits): every CTA but rank 0 stores its lane-0 accumulators into
@@ -332,7 +337,10 @@ constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4
 // With two token tiles and 6 k-lanes (half a 12-stage ring) the narrow CTA lost from K = 6144 up at 16 tokens
 // (8192 x 6144 15.3 -> 16.1, 8192² 18.7 -> 19.5, 8192 x 12288 24.7 -> 26.9; session 27); with 12 lanes in runs of one
 // atom it wins up to K = 8192 (session 38, us at M = 16, wide -> narrow: 8192² 18.2 -> 17.3, 5120 x 8192 17.8 ->
-// 14.8), hence kNarrowTwoTileMaxAtoms, the short-K limit. A CTA of a K-split cluster may stream up to
+// 14.8), and with its CTAs in K phases at any K (session 40, us at M = 9 / 16, wide -> narrow: 8192 x 11008 22.5 /
+// 22.9 -> 18.9 / 19.3, 8192 x 14336 27.2 / 27.6 -> 23.5 / 23.8, 8448 x 16384 30.4 / 30.8 -> 26.3 / 26.8, 8192 x
+// 28672 45.0 / 45.8 -> 42.9 / 43.5; 7168 x 12288, 112 CTAs unphased, 22.7 / 23.1 -> 21.0 / 21.7): an unsplit
+// narrow launch has no K limit. A CTA of a K-split cluster may stream up to
 // kNarrowClusterTwoTileMaxAtoms: there the wide plans split K 10-28 ways, and at 9 and 16 tokens clusters of 2
 // and 4 won everywhere measured (session 28, us at M = 16, wide -> cluster): 4096 x 14336 19.7 -> 17.7,
 // 3072 x 14336 19.5 -> 17.1, 4096 x 11008 19.7 -> 15.0, 1536 x 28672 22.5 -> 17.2, 1024 x 28672 17.7 -> 17.0.
@@ -344,10 +352,7 @@ constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4
 inline constexpr double kStreamBytesPerUsPerSm = 28.5e3;
 inline constexpr double kNarrowSavingUs = 0.3;
 inline constexpr double kSplitUsPerSplit = 0.15;
-inline constexpr int64_t kNarrowTwoTileMaxAtoms = 128;
 inline constexpr int64_t kNarrowClusterTwoTileMaxAtoms = 128;
-// So two token tiles run narrow only with short K, in runs of kNarrowShortRunAtoms (the kernel instantiates no other).
-static_assert(kNarrowTwoTileMaxAtoms <= kNarrowShortKAtoms && kNarrowClusterTwoTileMaxAtoms <= kNarrowShortKAtoms);
 inline constexpr int kNarrowOverWholeMaxTokens = 4;
 
 // Modeled us a narrow launch saves against the wide plan, from the weight rows x atoms of a narrow CTA and
@@ -526,7 +531,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       l.n_tiles = static_cast<int>(CeilDiv(p.n, WarpRows(plan.m_tiles, form)));
       l.splits = NarrowClusterSize(int64_t{l.n_tiles} * plan.m_blocks, atoms, num_sms);
       const int64_t cta_atoms = MaxSplitAtoms(l, atoms);
-      l.lane_atoms = cta_atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
+      l.lane_atoms = NarrowLaneAtoms(plan.m_tiles, cta_atoms);
       l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form), cta_atoms, l.lane_atoms);
       l.k_phases = NarrowKPhases(l, p.m, atoms, num_sms);
       return l;
@@ -545,8 +550,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     const W4a16Launch narrow64 = narrow(W4a16Form::kNarrow);
     const int64_t narrow64_atoms = MaxSplitAtoms(narrow64, atoms);
     if (int64_t{narrow64.n_tiles} * plan.m_blocks <= num_sms &&
-        (plan.m_tiles == 1 ||
-         narrow64_atoms <= (narrow64.splits > 1 ? kNarrowClusterTwoTileMaxAtoms : kNarrowTwoTileMaxAtoms)) &&
+        (plan.m_tiles == 1 || narrow64.splits == 1 || narrow64_atoms <= kNarrowClusterTwoTileMaxAtoms) &&
         (!whole_fits || p.m <= kNarrowOverWholeMaxTokens) &&
         NarrowGainUs(WarpRows(plan.m_tiles) * narrow64_atoms,
                      CeilDiv(int64_t{plan.n_tiles} * plan.m_blocks * plan.splits, num_sms) * wide_cta_rows *
