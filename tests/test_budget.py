@@ -558,11 +558,11 @@ def test_w4a16_narrow_k_split_clusters():
         # Wide -> narrow32 clusters of 2: 1024 x 14336 11.8 / 15.2 -> 9.8 / 10.8.
         assert launch(m, 1024, 14336) == ("narrow32", 32, 2)
     # Wide -> 64-row narrow clusters of 2: 4096 x 14336 15.0 / 19.7 -> 12.3 / 17.7, 3072 x 14336 14.8 / 19.5 -> 12.0 /
-    # 17.1, 4096 x 11008 19.7 -> 15.0 at 16 tokens; 4096 x 28672 22.6 -> 20.0 at one token. Two token tiles up to
-    # 128 atoms a clustered CTA (kNarrowClusterTwoTileMaxAtoms; 4096 x 28672's 224 stay wide), 64 unsplit.
-    for n, k in ((4096, 14336), (3072, 14336), (4096, 11008), (4096, 28672)):
-        assert launch(1, n, k) == ("narrow", n // 64, 2) and workspace(1, n, k) == 0
-        assert launch(16, n, k) == (("wide", 16, 16) if k == 28672 else ("narrow", n // 64, 2))
+    # 17.1, 4096 x 11008 19.7 -> 15.0 at 16 tokens; 4096 x 28672 22.6 -> 20.0 at one token, and 28.9 -> 24.8 at 16
+    # (224 atoms a CTA, session 40; with 128 atoms at most it was wide).
+    for n, k in ((4096, 14336), (3072, 14336), (4096, 11008), (4096, 28672), (3584, 18944)):
+        for m in (1, 16):
+            assert launch(m, n, k) == ("narrow", n // 64, 2) and workspace(m, n, k) == 0
     # Clusters of 4 of 64-row CTAs, 112 atoms each: 1024 / 1536 x 28672 13.1 / 15.8 -> 11.9 / 12.2 at one token,
     # 17.7 / 22.5 -> 17.0 / 17.2 at 16.
     for m in (1, 16):
@@ -584,14 +584,13 @@ def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
         p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
         return p.warps, p.n_tiles, p.splits
 
-    # (1 x 4096 x 28672, measured here too, now runs narrow clusters: test_w4a16_narrow_k_split_clusters. 16 x 8192 x
-    # 14336, whose wide plan went from 6 (8) x 22 x 12 to 4 x 32 x 8 here, 32.0 -> 28.1 us, now runs narrow CTAs:
-    # test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_streams_as_much.)
-    shapes = ((1, 6144, 12288), (16, 4096, 28672), (1, 16384, 3072), (1, 11008, 11008))
+    # Measured here too and now narrow: 1 and 16 x 4096 x 28672 (wide 6 (8) x 11 x 24 -> 4 x 16 x 16 at 16 tokens:
+    # 34.5 -> 29.2 us), now narrow clusters (test_w4a16_narrow_k_split_clusters); 16 x 8192 x 14336 (6 (8) x 22 x 12 ->
+    # 4 x 32 x 8: 32.0 -> 28.1 us), now narrow CTAs (test_w4a16_narrow_ctas_beat_a_wide_plan_whose_busiest_sm_...).
+    shapes = ((1, 6144, 12288), (1, 16384, 3072), (1, 11008, 11008))
     cells = {shape: grid(*shape) for shape in shapes}
     assert cells == {
         (1, 6144, 12288): (4, 24, 11),   # was 5 warps (launched as 8) x 20 tiles x 12 splits: 21.1 -> 16.3 us
-        (16, 4096, 28672): (4, 16, 16),  # was 6 (8) x 11 x 24: 34.5 -> 29.2 us
         (1, 16384, 3072): (4, 64, 4),    # was 6 (8) x 43 x 6; 8 x 32 x 8 at 40 %: 12.8-13.0 -> 11.7 us
         (1, 11008, 11008): (4, 43, 6),   # was 6 (8) x 29 x 9; 7 (8) x 25 x 10 at 40 %: 24.3-24.4 -> 22.8-22.9 us
     }

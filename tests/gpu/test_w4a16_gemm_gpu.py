@@ -171,7 +171,7 @@ def test_split_k_counters_are_rearmed():
     """Nothing zeroes the split-K arrival counters before a launch (csrc/common/arrival_counters.h): each
     launch must leave them at 0. Runs the same split-K call sites on new data each time (a counter left
     armed would skip or misplace a tile's reduction), then reads every counter back."""
-    split_calls = ((1, 14336, 4096), (16, 8192, 12288), (3, 8480, 1024))
+    split_calls = ((1, 14336, 4096), (16, 9216, 12288), (3, 8480, 1024))
     assert all(budget.w4a16_launch(m, n, k, 64, act_order=False, num_sms=_num_sms()).splits > 1 for m, n, k in split_calls)
     for seed in range(3):
         for m, n, k in split_calls:
@@ -180,7 +180,7 @@ def test_split_k_counters_are_rearmed():
 
 
 @pytest.mark.parametrize(
-    "n, k, narrow, splits", [(8192, 12288, False, 8), (1536, 576, True, 1), (512, 4096, True, 4)],
+    "n, k, narrow, splits", [(9216, 12288, False, 7), (1536, 576, True, 1), (512, 4096, True, 4)],
     ids=["split-k", "narrow", "narrow-cluster"],
 )
 def test_reductions_are_deterministic(n, k, narrow, splits):
@@ -254,6 +254,7 @@ CLUSTER_CASES = {
     (4064, 12288, 64, False, FP16, True, 5): ("narrow", 2),  # N % 64 == 32
     (3072, 11008, 64, True, BF16, False, 16): ("narrow", 2),  # two token tiles, 86 atoms a CTA
     (1024, 28672, 128, False, FP16, False, 9): ("narrow", 4),
+    (3584, 18944, 128, True, BF16, True, 16): ("narrow", 2),  # two token tiles, 148 atoms a CTA
 }
 
 

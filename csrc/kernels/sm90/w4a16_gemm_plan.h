@@ -339,11 +339,12 @@ constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4
 // atom it wins up to K = 8192 (session 38, us at M = 16, wide -> narrow: 8192² 18.2 -> 17.3, 5120 x 8192 17.8 ->
 // 14.8), and with its CTAs in K phases at any K (session 40, us at M = 9 / 16, wide -> narrow: 8192 x 11008 22.5 /
 // 22.9 -> 18.9 / 19.3, 8192 x 14336 27.2 / 27.6 -> 23.5 / 23.8, 8448 x 16384 30.4 / 30.8 -> 26.3 / 26.8, 8192 x
-// 28672 45.0 / 45.8 -> 42.9 / 43.5; 7168 x 12288, 112 CTAs unphased, 22.7 / 23.1 -> 21.0 / 21.7): an unsplit
-// narrow launch has no K limit. A CTA of a K-split cluster may stream up to
-// kNarrowClusterTwoTileMaxAtoms: there the wide plans split K 10-28 ways, and at 9 and 16 tokens clusters of 2
-// and 4 won everywhere measured (session 28, us at M = 16, wide -> cluster): 4096 x 14336 19.7 -> 17.7,
-// 3072 x 14336 19.5 -> 17.1, 4096 x 11008 19.7 -> 15.0, 1536 x 28672 22.5 -> 17.2, 1024 x 28672 17.7 -> 17.0.
+// 28672 45.0 / 45.8 -> 42.9 / 43.5; 7168 x 12288, 112 CTAs unphased, 22.7 / 23.1 -> 21.0 / 21.7). K-split clusters:
+// the wide plans split K 10-28 ways, and at 9 and 16 tokens clusters of 2 and 4 won everywhere measured (session 28,
+// us at M = 16, wide -> cluster: 4096 x 14336 19.7 -> 17.7, 3072 x 14336 19.5 -> 17.1, 4096 x 11008 19.7 -> 15.0,
+// 1536 x 28672 22.5 -> 17.2, 1024 x 28672 17.7 -> 17.0), also with more than 128 atoms a CTA (session 40, us at M =
+// 9 / 16: 3584 x 18944 20.8 / 21.3 -> 17.1 / 17.4, 4096 x 28672 28.6 / 28.9 -> 24.0 / 24.8, 3072 x 24576 22.3 / 22.8 ->
+// 20.7 / 20.9, 2048 x 18432 19.3 / 19.8 -> 16.2 / 16.3). So two token tiles have no K limit either way.
 // Against whole-SM plans (long K) narrow CTAs won at up to 4 tokens and lost at 8 (8 x 8192 x 28672: whole 35.7,
 // narrow 36.9; session 25), hence kNarrowOverWholeMaxTokens.
 // Checked on layers outside the fit (4608 x 3072, 6144 x 1536, 8192 x 512, 5120 x 2048, 7168 x 12288, 8448 x
@@ -352,7 +353,6 @@ constexpr int W4a16Threads(int warps) { return static_cast<int>(CeilDiv(warps, 4
 inline constexpr double kStreamBytesPerUsPerSm = 28.5e3;
 inline constexpr double kNarrowSavingUs = 0.3;
 inline constexpr double kSplitUsPerSplit = 0.15;
-inline constexpr int64_t kNarrowClusterTwoTileMaxAtoms = 128;
 inline constexpr int kNarrowOverWholeMaxTokens = 4;
 
 // Modeled us a narrow launch saves against the wide plan, from the weight rows x atoms of a narrow CTA and
@@ -550,7 +550,6 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
     const W4a16Launch narrow64 = narrow(W4a16Form::kNarrow);
     const int64_t narrow64_atoms = MaxSplitAtoms(narrow64, atoms);
     if (int64_t{narrow64.n_tiles} * plan.m_blocks <= num_sms &&
-        (plan.m_tiles == 1 || narrow64.splits == 1 || narrow64_atoms <= kNarrowClusterTwoTileMaxAtoms) &&
         (!whole_fits || p.m <= kNarrowOverWholeMaxTokens) &&
         NarrowGainUs(WarpRows(plan.m_tiles) * narrow64_atoms,
                      CeilDiv(int64_t{plan.n_tiles} * plan.m_blocks * plan.splits, num_sms) * wide_cta_rows *
