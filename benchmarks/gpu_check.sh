@@ -20,17 +20,20 @@ python3 -c "import jax, jax_w4a4.ops as o; print('jax', jax.__version__, jax.dev
 
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # One process per test file, all at once (their time is mostly compiling on the host's cores; each gets a
-  # fifth of the GPU's memory): a kernel fault poisons its own CUDA context, not the other files' runs.
+  # One process per test file, all at once (their time is mostly compiling on the host's cores; together their
+  # XLA pools take 80% of the GPU's memory, the rest is for their CUDA contexts): a kernel fault poisons its own
+  # CUDA context, not the other files' runs.
   # The tests fill XLA's pool with NaN poison; CUDA graphs would then have no memory to instantiate in.
   # TEST_XLA_FLAGS="" runs them with XLA's default command buffers (checks CUDA-graph capture).
   # No autotuning: the tests compile a reference dot per shape, and only our kernels are under test.
   start=$SECONDS
   pids=()
-  for test_file in ${TEST_FILES:-tests/gpu/test_*.py}; do
+  test_files=(${TEST_FILES:-tests/gpu/test_*.py})
+  pool_fraction=$(python3 -c "print(round(0.8 / ${#test_files[@]}, 3))")
+  for test_file in "${test_files[@]}"; do
     name=$(basename "$test_file" .py)
     XLA_FLAGS="${TEST_XLA_FLAGS---xla_gpu_enable_command_buffer=} --xla_gpu_autotune_level=0" \
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu "$test_file" \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$pool_fraction timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu "$test_file" \
       --maxfail=4 -p no:cacheprovider -rf ${1:+-k "$1"} > "$logs/$name.log" 2>&1 &
     pids+=("$!:$name")
   done
