@@ -876,8 +876,7 @@ cudaError_t LaunchTyped(KernelParams params, const W4a16Launch& plan, const void
   using Cfg = Config<kMTiles, kForm>;
   constexpr bool kNarrow = Cfg::kNarrow;
   constexpr int kShortRun = kNarrow ? kNarrowShortRunAtoms : 1;  // wide: lane_atoms 1, a stage of 1 atom
-  // narrow32 (short K only) and two token tiles (NarrowLaneAtoms): no instance of whole-stage runs
-  constexpr int kStageRun = kForm == W4a16Form::kNarrow32 || kMTiles > 1 ? kShortRun : Cfg::kStageAtoms;
+  constexpr int kStageRun = HasStageRuns(kMTiles, kForm) ? Cfg::kStageAtoms : kShortRun;  // wide: both 1
   if (plan.lane_atoms != kShortRun && plan.lane_atoms != kStageRun) return cudaErrorInvalidConfiguration;
   auto* kernel = args.zeros != nullptr
                      ? (plan.lane_atoms == kShortRun ? &W4a16GemmKernel<T, kMTiles, true, kForm, kShortRun>

@@ -137,13 +137,15 @@ constexpr int NarrowMaxLanes(int m_tiles, W4a16Form form) {
 // stages -> runs of 2, 1 / 2 tokens: 8192² 14.1 / 14.3-14.4 -> 13.5-13.6 / 13.9-14.0 us, 2048² 5.8 -> 5.3-5.4
 // (with K = 28672 runs of 2 took 36.1 -> 36.7-36.8 us, so long K keeps whole stages); session 35, runs of 2 -> 1,
 // 1 / 16 tokens: 4096² 6.68 -> 6.43 / 8.63 -> 8.41 us, 1024 x 4096 5.20 -> 5.00 / 5.67 -> 5.40, 8192² 13.2 -> 12.9.
-// Two token tiles take one-atom runs at any K (the kernel instantiates no other run for them): measured at up to K =
-// 28672 against wide plans (session 40, NarrowGainUs below), never against whole-stage runs.
+// Only 64-row narrow CTAs at one token tile have whole-stage runs (the kernel instantiates no other): narrow32 runs
+// short K only, and two token tiles take one-atom runs at any K (measured at up to K = 28672 against wide plans,
+// session 40, NarrowGainUs below; never against whole-stage runs).
 inline constexpr int kNarrowShortRunAtoms = 1;
 inline constexpr int kNarrowShortKAtoms = 128;
 static_assert(kNarrowStageAtoms % kNarrowShortRunAtoms == 0);
-constexpr int NarrowLaneAtoms(int m_tiles, int64_t cta_atoms) {
-  return m_tiles == 2 || cta_atoms <= kNarrowShortKAtoms ? kNarrowShortRunAtoms : kNarrowStageAtoms;
+constexpr bool HasStageRuns(int m_tiles, W4a16Form form) { return form == W4a16Form::kNarrow && m_tiles == 1; }
+constexpr int NarrowLaneAtoms(int m_tiles, W4a16Form form, int64_t cta_atoms) {
+  return HasStageRuns(m_tiles, form) && cta_atoms > kNarrowShortKAtoms ? kNarrowStageAtoms : kNarrowShortRunAtoms;
 }
 inline constexpr int kMaxNarrowStages = 32;
 // Narrow K-split clusters: where fewer narrow CTAs than SMs own all the rows, the CTAs of a row tile split K
@@ -531,7 +533,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       l.n_tiles = static_cast<int>(CeilDiv(p.n, WarpRows(plan.m_tiles, form)));
       l.splits = NarrowClusterSize(int64_t{l.n_tiles} * plan.m_blocks, atoms, num_sms);
       const int64_t cta_atoms = MaxSplitAtoms(l, atoms);
-      l.lane_atoms = NarrowLaneAtoms(plan.m_tiles, cta_atoms);
+      l.lane_atoms = NarrowLaneAtoms(plan.m_tiles, form, cta_atoms);
       l.k_lanes = NarrowKLanes(SolveW4a16Plan(plan.m_tiles, form), cta_atoms, l.lane_atoms);
       l.k_phases = NarrowKPhases(l, p.m, atoms, num_sms);
       return l;
