@@ -67,11 +67,15 @@ def time_per_call(fn, copies, act_format: str, runs: int = 7) -> float:
     return harness.time_jax(functools.partial(fn, act_format=act_format), copies, calls=len(copies), trials=runs)
 
 
+def copies_for(m: int, k: int, r: int) -> list:
+    """Enough input copies that a chain of calls reads them from HBM, not L2 (20 to 160)."""
+    input_bytes = m * k * 2 + k * r * 2 + k * 4
+    return make_copies(m, k, r, min(160, max(20, math.ceil(1.2 * L2_BYTES / input_bytes))))
+
+
 def bench(m: int, k: int, act_format: str, r: int = RANK) -> dict:
     n_bytes = bytes_moved(m, k, r, act_format)
-    input_bytes = m * k * 2 + k * r * 2 + k * 4
-    copies = min(160, max(20, math.ceil(1.2 * L2_BYTES / input_bytes)))
-    inputs = make_copies(m, k, r, copies)
+    inputs = copies_for(m, k, r)
     kernel_s = time_per_call(ops.act_quant, inputs, act_format)
     xla_s = time_per_call(reference.act_quant, inputs[:20], act_format)
     stream_s = None

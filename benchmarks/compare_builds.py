@@ -1,15 +1,19 @@
-"""A/B of builds of the CUDA library on w4a16_gemm: our kernel only, the same layers, each build in its own process.
+"""A/B of builds of the CUDA library on w4a16_gemm or act_quant: our kernel only, the same cells, each build in its own process.
 
 How kernel variants were compared in benchmarks/NOTES.md: the library loads once per process, so every build times
 its cells in a process of its own (JAX_W4A4_LIBRARY names the build), the builds alternate round after round (a
 drifting clock or a neighbour on the machine then touches every build alike), and the table gives each cell's
-range over the rounds, per build, with the ratio of its median to the first build's. Timing is bench_w4a16's:
-bf16 activations, symmetric g128 weights rotated through sets larger than L2, chains of calls timed by the device
-clock. The planner is this checkout's (libjax_w4a4_budget.so under build/): builds that change the plans need their
-own checkout.
+range over the rounds, per build, with the ratio of its median to the first build's. Timing is the benchmarks':
+w4a16_gemm as bench_w4a16 (bf16 activations, symmetric g128 weights rotated through sets larger than L2),
+act_quant as bench_act_quant (bf16 X, input copies larger than L2), chains of calls timed by the device clock.
+The planner that sizes workspaces is this checkout's (libjax_w4a4_budget.so under build/), and each build's
+handlers check the workspace against their own plans: a build whose plans need more workspace fails with
+INVALID_ARGUMENT and needs its own checkout.
 
   python -m benchmarks.compare_builds --build head=build/libjax_w4a4.so --build new=/tmp/new/libjax_w4a4.so \\
       --shapes 28672x8192,8192x8192 --tokens 1,16 --rounds 2
+  python -m benchmarks.compare_builds --op act_quant --build head=... --build new=... --shapes 4096x4096,2048x3072 \\
+      --rank 32 --formats int4,fp8
 """
 
 from __future__ import annotations
@@ -37,12 +41,12 @@ def parse_build(spec: str) -> tuple[str, Path]:
 
 
 def parse_shapes(spec: str) -> list[tuple[int, int]]:
-    """``NxK[,NxK...]``: the layers' out_features x in_features."""
+    """``AxB[,AxB...]``: w4a16, the layers' out_features x in_features; act_quant, rows x K."""
     shapes = []
     for item in spec.split(","):
         n, sep, k = item.partition("x")
         if not sep or not n.isdigit() or not k.isdigit():
-            raise argparse.ArgumentTypeError(f"--shapes takes NxK[,NxK...], got {item!r}")
+            raise argparse.ArgumentTypeError(f"--shapes takes AxB[,AxB...], got {item!r}")
         shapes.append((int(n), int(k)))
     return shapes
 
@@ -54,8 +58,8 @@ def parse_tokens(spec: str) -> list[int]:
     return [int(item) for item in spec.split(",")]
 
 
-def time_cells(shapes: Sequence[tuple[int, int]], tokens: Sequence[int]) -> dict[str, float]:
-    """Microseconds per call of every (shape, M) cell with the library this process loaded."""
+def time_w4a16_cells(shapes: Sequence[tuple[int, int]], tokens: Sequence[int]) -> dict[str, float]:
+    """Microseconds per call of every (layer, M) cell of w4a16_gemm with the library this process loaded."""
     import jax.numpy as jnp
 
     from benchmarks import bench_w4a16
@@ -66,6 +70,20 @@ def time_cells(shapes: Sequence[tuple[int, int]], tokens: Sequence[int]) -> dict
         for m in tokens:
             times[f"{n}x{k} M={m}"] = 1e6 * bench_w4a16.time_ours(m, k, sets, bench_w4a16.GROUP, jnp.bfloat16)
         del sets
+    return times
+
+
+def time_act_quant_cells(shapes: Sequence[tuple[int, int]], rank: int, formats: Sequence[str]) -> dict[str, float]:
+    """Microseconds per call of every (rows x K, format) cell of act_quant with the library this process loaded."""
+    from benchmarks import bench_act_quant
+
+    times = {}
+    for m, k in shapes:
+        inputs = bench_act_quant.copies_for(m, k, rank)
+        for act_format in formats:
+            seconds = bench_act_quant.time_per_call(bench_act_quant.ops.act_quant, inputs, act_format)
+            times[f"{m}x{k} r={rank} {act_format}"] = 1e6 * seconds
+        del inputs
     return times
 
 
@@ -90,11 +108,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="name=path of a libjax_w4a4.so build; the first is the baseline (repeatable)")
     parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("28672x8192,8192x8192"))
     parser.add_argument("--tokens", type=parse_tokens, default=parse_tokens("1,16"))
+    parser.add_argument("--op", choices=("w4a16", "act_quant"), default="w4a16")
+    parser.add_argument("--rank", type=int, default=32, help="act_quant: the low-rank rank")
+    parser.add_argument("--formats", default="int4", help="act_quant: activation formats, comma separated")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one build's timings, as JSON
     args = parser.parse_args(argv)
+    formats = args.formats.split(",")
+    if args.op == "act_quant" and not set(formats) <= {"int4", "uint4", "fp8"}:
+        parser.error(f"--formats takes int4, uint4 and fp8, got {args.formats!r}")
     if args.worker:
-        print(json.dumps(time_cells(args.shapes, args.tokens)))
+        times = (time_act_quant_cells(args.shapes, args.rank, formats) if args.op == "act_quant"
+                 else time_w4a16_cells(args.shapes, args.tokens))
+        print(json.dumps(times))
         return
     names = [name for name, _ in args.build]
     if len(set(names)) != len(names):
@@ -113,13 +139,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             env = dict(os.environ, JAX_W4A4_LIBRARY=str(path.resolve()), PYTHONPATH=python_path)
             worker = subprocess.run(
                 [sys.executable, __file__, "--worker", "--build", f"{name}={path}", "--shapes", shapes,
-                 "--tokens", tokens], env=env, capture_output=True, text=True, check=False)
+                 "--tokens", tokens, "--op", args.op, "--rank", str(args.rank), "--formats", args.formats],
+                env=env, capture_output=True, text=True, check=False)
             if worker.returncode != 0:
                 sys.exit(f"build {name}, round {round_index + 1}: worker failed\n{worker.stderr[-4000:]}")
             runs[name].append(json.loads(worker.stdout.strip().splitlines()[-1]))
             print(f"round {round_index + 1}, {name}: done", flush=True)
-    harness.print_table("w4a16_gemm, bf16 g128: µs per call by build (min-max over rounds), median ratio",
-                        table_rows(names, runs))
+    title = "act_quant, bf16 X" if args.op == "act_quant" else "w4a16_gemm, bf16 g128"
+    harness.print_table(f"{title}: µs per call by build (min-max over rounds), median ratio", table_rows(names, runs))
 
 
 if __name__ == "__main__":

@@ -274,6 +274,27 @@ def test_act_quant_launch_small_m_splits_k_wide():
     assert (p.block_rows, p.k_splits, p.workspace_bytes) == (64, 1, 0)
 
 
+def test_act_quant_launch_stays_in_one_wave():
+    """From 1024 rows the launch takes 64-row blocks; a split whose doubling would overshoot the resident CTAs is
+    cut back to one wave, to any count (512 rows: 32 row blocks of 16 x 12 splits on 132 x 3 resident CTAs).
+    Session 41 measured both against 1.3 waves of 16-row blocks (2048 x 3072: 23.1 -> 13.0 us)."""
+    p = budget.act_quant_launch(2048, 3072, 32, num_sms=132)
+    assert (p.block_rows, p.row_blocks, p.k_splits) == (64, 32, 8)
+    p = budget.act_quant_launch(512, 4096, 32, num_sms=132)
+    assert (p.block_rows, p.row_blocks, p.k_splits) == (16, 32, 12)
+    assert p.workspace_bytes == 32 * 12 * 16 * 32 * 4 and p.arrival_counters == 32
+    assert budget.act_quant_launch(960, 4096, 32, num_sms=132).block_rows == 16
+    assert budget.act_quant_launch(1024, 4096, 32, num_sms=132).block_rows == 64
+    for num_sms in (8, 114, 132):
+        for rows in (1, 64, 333, 512, 1000, 1024, 2048, 3072, 4096, 8192):
+            for k in (1024, 3072, 4096, 12288):
+                for rank in (0, 32, 128):
+                    p = budget.act_quant_launch(rows, k, rank, num_sms=num_sms)
+                    resident = num_sms * budget.act_quant_plan(p.block_rows, p.rank_cap).ctas_per_sm
+                    assert p.k_splits == 1 or p.row_blocks * p.k_splits <= resident
+                    assert p.k_splits == 1 or k // 128 >= 2 * p.k_splits  # two chunks a split CTA at least
+
+
 def test_act_quant_launch_counters_fit_the_pool():
     """A split uses one arrival counter per row block; at every SM count the handlers accept they fit the
     pool (the plan header static_asserts the bound; this checks the plans themselves)."""

@@ -19,8 +19,8 @@ def test_parsers_read_builds_shapes_and_tokens():
     [
         (compare_builds.parse_build, "new", "name=path"),
         (compare_builds.parse_build, "=lib.so", "name=path"),
-        (compare_builds.parse_shapes, "4096x", "NxK"),
-        (compare_builds.parse_shapes, "4096*4096", "NxK"),
+        (compare_builds.parse_shapes, "4096x", "AxB"),
+        (compare_builds.parse_shapes, "4096*4096", "AxB"),
         (compare_builds.parse_tokens, "1,0", "positive"),
         (compare_builds.parse_tokens, "16,a", "positive"),
     ],
@@ -47,6 +47,8 @@ def test_table_gives_each_builds_range_and_its_median_against_the_first():
         (["--build", "head={missing}"], "no such file"),
         (["--build", "a={lib}", "--build", "a={lib}"], "names must differ"),
         (["--build", "a={lib}", "--rounds", "0"], "at least 1"),
+        (["--build", "a={lib}", "--op", "act_quant", "--formats", "int4,int8"], "int4, uint4 and fp8"),
+        (["--build", "a={lib}", "--op", "w4a8"], "invalid choice"),
     ],
 )
 def test_main_rejects_bad_arguments_before_running_anything(tmp_path, capsys, argv, message):

@@ -141,7 +141,7 @@ def test_matches_reference(rng, m, k, r, act_format, dtype):
 
 
 @pytest.mark.parametrize("act_format", ["int4", "fp8"])
-@pytest.mark.parametrize("m", [333, 1024, 4096])  # the three row-block sizes the launcher picks
+@pytest.mark.parametrize("m", [333, 1024, 4096])  # 16-row blocks; 64-row blocks from 1024 rows, and a full wave
 @pytest.mark.parametrize("r", [16, 48, 64, 128, 144, 256])  # every rank bucket, full and partial
 def test_rank_buckets(rng, m, r, act_format):
     inputs = make_inputs(rng, (m,), 3072, r, jnp.bfloat16, act_format)
@@ -163,6 +163,15 @@ def test_large_m_row_blocks(rng, m, act_format):
     """M = 4100 leaves a last row block of 4 rows; M = 8192 has 128 row blocks (a smaller K split)."""
     inputs = make_inputs(rng, (m,), 4096, 32, jnp.bfloat16, act_format)
     assert_matches(run_kernel(*inputs, act_format), run_reference(*inputs, act_format), act_format, 4096)
+
+
+@pytest.mark.parametrize("m,k", [(512, 4096), (2048, 3072)])
+@pytest.mark.parametrize("act_format", ["int4", "fp8"])
+def test_split_cut_back_to_one_wave(rng, m, k, act_format):
+    """On 132 SMs: 512 rows split K 12 ways (not a power of two: chunk ranges of 2 and 3 chunks, a partial last
+    round in the LA sum); 2048 rows take 64-row blocks split 8 ways (tests/test_budget.py checks the plans)."""
+    inputs = make_inputs(rng, (m,), k, 32, jnp.bfloat16, act_format)
+    assert_matches(run_kernel(*inputs, act_format), run_reference(*inputs, act_format), act_format, k)
 
 
 @pytest.mark.parametrize("m,k", [(5, 192), (300, 3136)])  # K % 128 == 64: a half last chunk

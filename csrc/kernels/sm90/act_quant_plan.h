@@ -130,7 +130,7 @@ struct ActQuantLaunch {
                              // is reduced across CTAs (no split, or rank 0)
 };
 
-// The largest split worth taking (a power of two) for num_chunks chunks of K.
+// The largest power-of-two split worth taking for num_chunks chunks of K.
 constexpr int ActQuantSplitCap(int num_chunks) {
   int cap = 1;
   while (2 * cap <= kActQuantMaxSplits && 2 * cap * kActQuantMinSplitChunks <= num_chunks) cap *= 2;
@@ -141,8 +141,15 @@ constexpr int ActQuantSplitCap(int num_chunks) {
 // __launch_bounds__ (registers) and its static_assert'ed plan (shared memory) guarantee.
 constexpr int64_t ActQuantResidentCtas(ActQuantShape s, int num_sms) { return int64_t{num_sms} * ActQuantCtasPerSm(s); }
 
-// Row block: 64 rows (the L_down tile is shared by 64 rows) when those row blocks, split along K, fill
-// the resident CTAs; else 16 rows. Split: the smallest power of two whose grid fills them (within 10%).
+// Row block: 64 rows (the L_down tile is shared by 64 rows) from kActQuantLargeMinRowBlocks of them, or when
+// fewer, split along K, fill the resident CTAs; else 16 rows (decode). Split: the smallest power of two whose
+// grid fills the resident CTAs (within 10%), cut back to one wave where the doubling overshoots it (any count:
+// the split CTAs take contiguous chunk ranges of equal size to within one chunk).
+// Measured (benchmarks/NOTES.md, session 41, us at rank 32, before -> after): the 16-row blocks at 1024-3072
+// rows had run 1.3 waves or 16 rows a CTA, 2048 x 3072 23.1 -> 13.0, 3072 x 3072 23.1 -> 16.0, 1024 x 4096
+// 16.8 -> 11.2, 1024 x 3072 13.9 -> 10.2; one wave alone: 512 x 4096 11.5 -> 8.7.
+inline constexpr int64_t kActQuantLargeMinRowBlocks = 16;
+
 constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t rank, int num_sms) {
   ActQuantLaunch launch{};
   const int num_chunks = static_cast<int>((k + kActQuantChunkK - 1) / kActQuantChunkK);
@@ -150,12 +157,16 @@ constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t ran
   const int rank_cap = ActQuantRankCap(rank);
   const ActQuantShape large{64, rank_cap}, small{16, rank_cap};
   const int64_t large_blocks = (rows + 63) / 64;
-  const bool use_large = large_blocks * split_cap >= ActQuantResidentCtas(large, num_sms) * 9 / 10;
+  const bool use_large = large_blocks >= kActQuantLargeMinRowBlocks ||
+                         large_blocks * split_cap >= ActQuantResidentCtas(large, num_sms) * 9 / 10;
   launch.shape = use_large ? large : small;
   launch.row_blocks = (rows + launch.shape.block_rows - 1) / launch.shape.block_rows;
-  const int64_t target = ActQuantResidentCtas(launch.shape, num_sms) * 9 / 10;
+  const int64_t resident = ActQuantResidentCtas(launch.shape, num_sms);
   launch.k_splits = 1;
-  while (launch.k_splits < split_cap && launch.row_blocks * launch.k_splits < target) launch.k_splits *= 2;
+  while (launch.k_splits < split_cap && launch.row_blocks * launch.k_splits < resident * 9 / 10) launch.k_splits *= 2;
+  if (launch.k_splits > 1 && launch.row_blocks * launch.k_splits > resident) {
+    launch.k_splits = static_cast<int>(resident / launch.row_blocks);
+  }
   if (launch.k_splits > 1 && rank > 0) {
     launch.arrival_counters = launch.row_blocks;
     launch.workspace_bytes = launch.row_blocks * launch.k_splits * launch.shape.block_rows * rank * 4;
