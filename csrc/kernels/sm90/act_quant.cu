@@ -24,9 +24,9 @@
 // DRAM latency / 132 SMs = ~32 KB of reads in flight per SM; each CTA keeps its next 24 KB stage in flight
 // while it computes the current one, so 4 CTAs keep ~96 KB per SM in flight. The L_down tile is shared by
 // the CTA's 64 rows (re-reads from L2: 0.5 B per X byte at rank 32). M = 4096 runs 64 row blocks x S = 8:
-// one wave of 512 of the 528 resident CTAs; from 1024 rows every launch takes 64-row blocks and never more
-// CTAs than one wave (at 1024-3072 rows, 16-row blocks in 1.3 waves had cost 30-44%, session 41). Small M
-// (16-row blocks, S up to 32) keeps M = 1..64 on 32+ SMs; ranks above 32 run fewer, larger CTAs.
+// one wave of 512 of the 528 resident CTAs. From 1024 rows every launch takes 64-row blocks, and no K split
+// goes past one wave (at 1024-3072 rows, 16-row blocks, some in 1.3 waves, took 1.35-1.8x as long; session
+// 41). Small M (16-row blocks, S up to 32) keeps M = 1..64 on 32+ SMs; ranks above 32 run fewer, larger CTAs.
 //
 // Pipeline (one per CTA, every thread takes every role but the loads; a kStages-deep ring, one
 // __syncthreads per chunk, which with 4 CTAs per SM costs one CTA's issue slots, not the SM's):
