@@ -76,12 +76,13 @@ def time_w4a16_cells(shapes: Sequence[tuple[int, int]], tokens: Sequence[int]) -
 def time_act_quant_cells(shapes: Sequence[tuple[int, int]], rank: int, formats: Sequence[str]) -> dict[str, float]:
     """Microseconds per call of every (rows x K, format) cell of act_quant with the library this process loaded."""
     from benchmarks import bench_act_quant
+    from jax_w4a4 import ops
 
     times = {}
     for m, k in shapes:
         inputs = bench_act_quant.copies_for(m, k, rank)
         for act_format in formats:
-            seconds = bench_act_quant.time_per_call(bench_act_quant.ops.act_quant, inputs, act_format)
+            seconds = bench_act_quant.time_per_call(ops.act_quant, inputs, act_format)
             times[f"{m}x{k} r={rank} {act_format}"] = 1e6 * seconds
         del inputs
     return times
