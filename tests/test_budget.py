@@ -256,19 +256,23 @@ def test_act_quant_launch_fills_the_resident_ctas():
 
 
 def test_act_quant_launch_small_m_splits_k_wide():
-    """Decode (M = 1, K = 8192, 64 chunks): one 16-row block split 32 ways (2 chunks per CTA), partials
-    for the whole 16-row block; ranks are bucketed; rank 0 splits K without a workspace."""
+    """Decode (M = 1, K = 8192, 64 chunks): one 16-row block split 64 ways (one chunk a CTA: the grid stays within
+    one CTA per SM), partials for the whole 16-row block; ranks are bucketed; rank 0 splits K without a workspace."""
     p = budget.act_quant_launch(1, 8192, 32, num_sms=132)
-    assert (p.block_rows, p.rank_cap, p.row_blocks, p.k_splits) == (16, 32, 1, 32)
-    assert p.workspace_bytes == 32 * 16 * 32 * 4 and p.arrival_counters == 1
+    assert (p.block_rows, p.rank_cap, p.row_blocks, p.k_splits) == (16, 32, 1, 64)
+    assert p.workspace_bytes == 64 * 16 * 32 * 4 and p.arrival_counters == 1
     p = budget.act_quant_launch(1, 8192, 48, num_sms=132)
-    assert p.rank_cap == 128 and p.workspace_bytes == 32 * 16 * 48 * 4  # the actual rank, not the cap
+    assert p.rank_cap == 128 and p.workspace_bytes == 64 * 16 * 48 * 4  # the actual rank, not the cap
     p = budget.act_quant_launch(1, 8192, 0, num_sms=132)
-    assert (p.rank_cap, p.k_splits, p.workspace_bytes, p.arrival_counters) == (0, 32, 0, 0)
-    # Every split CTA keeps at least two chunks; short K cannot be split.
-    assert budget.act_quant_launch(1, 256, 32, num_sms=132).k_splits == 1
-    assert budget.act_quant_launch(1, 256, 32, num_sms=132).workspace_bytes == 0
-    assert budget.act_quant_launch(1, 512, 32, num_sms=132).k_splits == 2
+    assert (p.rank_cap, p.k_splits, p.workspace_bytes, p.arrival_counters) == (0, 64, 0, 0)
+    # Short K splits down to one chunk a CTA; one chunk cannot be split.
+    assert budget.act_quant_launch(1, 128, 32, num_sms=132).k_splits == 1
+    assert budget.act_quant_launch(1, 128, 32, num_sms=132).workspace_bytes == 0
+    assert budget.act_quant_launch(1, 512, 32, num_sms=132).k_splits == 4
+    # Past one CTA per SM a split CTA keeps two chunks: 64 rows (4 row blocks) at K = 8192 split 32 ways, not 64.
+    assert budget.act_quant_launch(64, 8192, 32, num_sms=132).k_splits == 32
+    # At most 64 splits: K = 28672 (224 chunks) in 64.
+    assert budget.act_quant_launch(16, 28672, 32, num_sms=132).k_splits == 64
     # Enough rows fill the GPU without a split.
     p = budget.act_quant_launch(64 * 600, 4096, 32, num_sms=132)
     assert (p.block_rows, p.k_splits, p.workspace_bytes) == (64, 1, 0)
@@ -292,7 +296,9 @@ def test_act_quant_launch_stays_in_one_wave():
                     p = budget.act_quant_launch(rows, k, rank, num_sms=num_sms)
                     resident = num_sms * budget.act_quant_plan(p.block_rows, p.rank_cap).ctas_per_sm
                     assert p.k_splits == 1 or p.row_blocks * p.k_splits <= resident
-                    assert p.k_splits == 1 or k // 128 >= 2 * p.k_splits  # two chunks a split CTA at least
+                    # Two chunks a split CTA at least, or one where the grid keeps to one CTA per SM.
+                    assert p.k_splits == 1 or k // 128 >= 2 * p.k_splits or (
+                        k // 128 >= p.k_splits and p.row_blocks * p.k_splits <= num_sms)
 
 
 def test_act_quant_launch_counters_fit_the_pool():

@@ -174,6 +174,16 @@ def test_split_cut_back_to_one_wave(rng, m, k, act_format):
     assert_matches(run_kernel(*inputs, act_format), run_reference(*inputs, act_format), act_format, k)
 
 
+@pytest.mark.parametrize("m,k", [(1, 3072), (7, 3072), (16, 28672), (3, 8192)])
+@pytest.mark.parametrize("act_format", ["int4", "fp8"])
+def test_decode_split_on_idle_sms(rng, m, k, act_format):
+    """Decode grids split K on past two chunks a CTA while they keep to one CTA per SM (on 132 SMs: 3072 in 16
+    splits of 1-2 chunks, 28672 and 8192 in 64); the partials of up to 7 rows are summed by groups of lanes per LA
+    quad (a butterfly), 16 rows by one lane per quad with 32 splits' loads in flight."""
+    inputs = make_inputs(rng, (m,), k, 32, jnp.bfloat16, act_format)
+    assert_matches(run_kernel(*inputs, act_format), run_reference(*inputs, act_format), act_format, k)
+
+
 @pytest.mark.parametrize("m,k", [(5, 192), (300, 3136)])  # K % 128 == 64: a half last chunk
 @pytest.mark.parametrize("act_format", ["int4", "uint4"])
 def test_k_multiple_of_64(rng, m, k, act_format):
@@ -223,15 +233,16 @@ def test_split_counters_are_rearmed(rng):
     launch must leave them at 0. Runs split call sites on new data each time (a counter left armed would
     leave LA unwritten), then reads every counter back."""
     for _ in range(3):
-        for m, k in ((1, 8192), (64, 8192), (4096, 4096)):  # 32, 8 and 8 K splits
+        for m, k in ((1, 8192), (64, 8192), (4096, 4096)):  # 64, 32 and 8 K splits (on 132 SMs)
             inputs = make_inputs(rng, (m,), k, 32, jnp.bfloat16, "int4")
             assert_matches(run_kernel(*inputs, "int4"), run_reference(*inputs, "int4"), "int4", k)
     assert _library.armed_arrival_counters() == 0
 
 
-def test_deterministic(rng):
+@pytest.mark.parametrize("m", [1, 16, 64])  # lane groups per LA quad; one lane per quad; 4 row blocks
+def test_deterministic(rng, m):
     """LA partials of a K split are summed in a fixed order: two runs agree bit for bit."""
-    inputs = make_inputs(rng, (64,), 8192, 32, jnp.bfloat16, "int4")  # split 8 ways along K
+    inputs = make_inputs(rng, (m,), 8192, 32, jnp.bfloat16, "int4")  # split 64, 64 and 32 ways along K on 132 SMs
     first, second = run_kernel(*inputs, "int4"), run_kernel(*inputs, "int4")
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)

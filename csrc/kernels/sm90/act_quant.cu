@@ -26,7 +26,8 @@
 // the CTA's 64 rows (re-reads from L2: 0.5 B per X byte at rank 32). M = 4096 runs 64 row blocks x S = 8:
 // one wave of 512 of the 528 resident CTAs. From 1024 rows every launch takes 64-row blocks, and no K split
 // goes past one wave (at 1024-3072 rows, 16-row blocks, some in 1.3 waves, took 1.35-1.8x as long; session
-// 41). Small M (16-row blocks, S up to 32) keeps M = 1..64 on 32+ SMs; ranks above 32 run fewer, larger CTAs.
+// 41). Small M (16-row blocks, S up to 32 with two chunks a CTA, then up to 64 down to one chunk a CTA while the
+// grid keeps to one CTA per SM: session 42) keeps M = 1..64 on 32+ SMs; ranks above 32 run fewer, larger CTAs.
 //
 // Pipeline (one per CTA, every thread takes every role but the loads; a kStages-deep ring, one
 // __syncthreads per chunk, which with 4 CTAs per SM costs one CTA's issue slots, not the SM's):
@@ -44,9 +45,11 @@
 //  * low-rank: each warp runs mma.sync m16n8k16 (bf16/fp16 -> fp32) with A = the same staged X tile
 //              (ldmatrix, once per k16 step for all its column pairs) and B = the L_down tile
 //              (ldmatrix.trans); accumulators stay in registers.
-//  * epilogue: LA as fp32; with a K split, partials through the workspace, summed in split order by the
-//              row block's last CTA (an arrival counter of common/arrival_counters.h: no memset). The
-//              CTA publishes its partial and arrives before it quantizes its last chunk.
+//  * epilogue: LA as fp32; with a K split, partials through the workspace, summed in a fixed order by the
+//              row block's last CTA (an arrival counter of common/arrival_counters.h: no memset; at decode
+//              groups of lanes per LA quad, so 64 splits take one round of loads). The CTA publishes its
+//              partial and arrives before it quantizes its last chunk. (Summing the partials through
+//              distributed shared memory in clusters of the splits lost 2-70%: session 42.)
 //
 // Shared memory (ActQuantPlan, static_assert'ed: the ring fits kCtasPerSm CTAs per SM), from a 1 KB-aligned
 // base: the X tiles (kBlockRows x 256 B each, TMA's 128-byte swizzle: XPieceOffset), the L_down tiles (128
@@ -810,24 +813,36 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
     const int64_t block_floats = la_block_floats();
     if (split_k) {
       if (!ArriveEnd(g_arrival_counters + blockIdx.x, p.k_splits, earlier_arrivals)) return;
-      // kSplitsInFlight splits at a time, all their items' loads issued together (~16 float4 loads in
-      // flight), then added in split order: the tail costs ~splits x items / 16 L2 round trips. In the
-      // last round a split past k_splits adds +0, after the real ones.
+      // The split partials, added in a fixed order. One lane per LA quad and item, or with few rows (decode: at
+      // most half as many quads as threads, one item each) a group of up to 16 lanes per quad, lane c adding
+      // splits c, c + G, c + 2G, ... in order and the group then adding its lanes' sums by a butterfly. Each lane
+      // issues kSplitsInFlight splits' loads at once (what its registers hold), so the tail takes ~splits x
+      // items / (G x kSplitsInFlight) L2 round trips (session 42: M = 1, 32 splits in one round, not two).
+      // Loads past the last split add +0, after the real ones.
       constexpr int kItems = (kBlockRows * kRankCap / 4 + Cfg::kThreads - 1) / Cfg::kThreads;
-      constexpr int kSplitsInFlight = kItems >= 16 ? 1 : 16 / kItems;
+      constexpr int kLoadsInFlight = Cfg::kPlan.max_registers() >= 160 ? 32 : 16;
+      constexpr int kSplitsInFlight = kItems >= kLoadsInFlight ? 1 : kLoadsInFlight / kItems;
       const float4* partials = reinterpret_cast<const float4*>(p.la_partials + int64_t{blockIdx.x} * p.k_splits * block_floats);
       const int split_quads = static_cast<int>(block_floats / 4);
       const int quads = rows_left * rank / 4;
+      int lanes_per_quad = 1;
+      while (kItems == 1 && lanes_per_quad < 16 && 2 * lanes_per_quad * quads <= Cfg::kThreads &&
+             2 * lanes_per_quad <= p.k_splits) {
+        lanes_per_quad *= 2;
+      }
+      const int first_split = tid % lanes_per_quad;
+      const int first_item = tid / lanes_per_quad;
       float4 sum[kItems] = {};
-      for (int s0 = 0; s0 < p.k_splits; s0 += kSplitsInFlight) {
+      for (int s0 = first_split; s0 < p.k_splits; s0 += kSplitsInFlight * lanes_per_quad) {
         float4 v[kSplitsInFlight][kItems];
 #pragma unroll
         for (int i = 0; i < kSplitsInFlight; ++i) {
 #pragma unroll
           for (int j = 0; j < kItems; ++j) {
-            const int item = tid + j * Cfg::kThreads;
-            const bool valid = s0 + i < p.k_splits && item < quads;
-            v[i][j] = valid ? __ldcg(partials + (s0 + i) * split_quads + item) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const int split_index = s0 + i * lanes_per_quad;
+            const int item = first_item + j * Cfg::kThreads;
+            const bool valid = split_index < p.k_splits && item < quads;
+            v[i][j] = valid ? __ldcg(partials + split_index * split_quads + item) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
           }
         }
 #pragma unroll
@@ -841,11 +856,18 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
           }
         }
       }
+      // Commutative steps: both lanes of each exchange compute the same sum, so the group ends with one value.
+      for (int offset = 1; offset < lanes_per_quad; offset *= 2) {
+        sum[0].x += __shfl_xor_sync(0xffffffffu, sum[0].x, offset);
+        sum[0].y += __shfl_xor_sync(0xffffffffu, sum[0].y, offset);
+        sum[0].z += __shfl_xor_sync(0xffffffffu, sum[0].z, offset);
+        sum[0].w += __shfl_xor_sync(0xffffffffu, sum[0].w, offset);
+      }
       float4* la = reinterpret_cast<float4*>(p.la + row0 * rank);
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
-        const int item = tid + j * Cfg::kThreads;
-        if (item < quads) la[item] = sum[j];
+        const int item = first_item + j * Cfg::kThreads;
+        if (first_split == 0 && item < quads) la[item] = sum[j];
       }
     }
   }

@@ -118,6 +118,7 @@ inline constexpr ActQuantShape kActQuantShapes[] = {
 // split and ran 2 warps per scheduler instead of 4).
 inline constexpr int kActQuantMaxSplits = 32;     // the last CTA reads splits x block_rows x rank floats
 inline constexpr int kActQuantMinSplitChunks = 2;  // chunks per split CTA: its ring overlaps copy and compute
+inline constexpr int kActQuantMaxIdleSmSplits = 64;  // the split on idle SMs (below), down to one chunk a CTA
 
 constexpr int ActQuantRankCap(int64_t rank) { return rank == 0 ? 0 : rank <= 32 ? 32 : rank <= 128 ? 128 : 256; }
 
@@ -148,6 +149,9 @@ constexpr int64_t ActQuantResidentCtas(ActQuantShape s, int num_sms) { return in
 // Measured (benchmarks/NOTES.md, session 41, us at rank 32, before -> after): the 16-row blocks at 1024-3072
 // rows had run 1.3 waves or 16 rows a CTA, 2048 x 3072 23.1 -> 13.0, 3072 x 3072 23.1 -> 16.0, 1024 x 4096
 // 16.8 -> 11.2, 1024 x 3072 13.9 -> 10.2; one wave alone: 512 x 4096 11.5 -> 8.7.
+// Then, while the doubled grid still has at most one CTA per SM, the split doubles on, down to one chunk a CTA
+// (at most kActQuantMaxIdleSmSplits): the new CTAs run on idle SMs, and at decode a CTA's time follows the bytes
+// it pulls alone (session 42, us: 1 x 3072 5.6 -> 4.8, 7 x 3072 5.6 -> 4.9, 1 x 28672 10.4 -> 8.3).
 inline constexpr int64_t kActQuantLargeMinRowBlocks = 16;
 
 constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t rank, int num_sms) {
@@ -164,6 +168,10 @@ constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t ran
   const int64_t resident = ActQuantResidentCtas(launch.shape, num_sms);
   launch.k_splits = 1;
   while (launch.k_splits < split_cap && launch.row_blocks * launch.k_splits < resident * 9 / 10) launch.k_splits *= 2;
+  while (2 * launch.k_splits <= kActQuantMaxIdleSmSplits && 2 * launch.k_splits <= num_chunks &&
+         launch.row_blocks * 2 * launch.k_splits <= num_sms) {
+    launch.k_splits *= 2;
+  }
   if (launch.k_splits > 1 && launch.row_blocks * launch.k_splits > resident) {
     launch.k_splits = static_cast<int>(resident / launch.row_blocks);
   }
