@@ -49,7 +49,7 @@
 //              row block's last CTA (an arrival counter of common/arrival_counters.h: no memset; at decode
 //              groups of lanes per LA quad, so 64 splits take one round of loads). The CTA publishes its
 //              partial and arrives before it quantizes its last chunk. (Summing the partials through
-//              distributed shared memory in clusters of the splits lost 2-70%: session 42.)
+//              distributed shared memory in clusters of the splits lost at every size measured: session 42.)
 //
 // Shared memory (ActQuantPlan, static_assert'ed: the ring fits kCtasPerSm CTAs per SM), from a 1 KB-aligned
 // base: the X tiles (kBlockRows x 256 B each, TMA's 128-byte swizzle: XPieceOffset), the L_down tiles (128
@@ -817,7 +817,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
       // most half as many quads as threads, one item each) a group of up to 16 lanes per quad, lane c adding
       // splits c, c + G, c + 2G, ... in order and the group then adding its lanes' sums by a butterfly. Each lane
       // issues kSplitsInFlight splits' loads at once (what its registers hold), so the tail takes ~splits x
-      // items / (G x kSplitsInFlight) L2 round trips (session 42: M = 1, 32 splits in one round, not two).
+      // items / (G x kSplitsInFlight) L2 round trips (session 42: M = 1 takes its 64 splits in one round).
       // Loads past the last split add +0, after the real ones.
       constexpr int kItems = (kBlockRows * kRankCap / 4 + Cfg::kThreads - 1) / Cfg::kThreads;
       constexpr int kLoadsInFlight = Cfg::kPlan.max_registers() >= 160 ? 32 : 16;
