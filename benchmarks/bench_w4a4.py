@@ -9,6 +9,10 @@ when torch is importable, torch cuBLAS bf16 and torch._scaled_mm fp8 (rowwise sc
 move, and the same ratios. Floors to aim for: >= 1.3x cuBLAS bf16 at 8192^3 (~1023 TFLOPS) and <= 49 µs
 (2.5x bf16) at M <= 16 on 28672 x 8192.
 
+Both tables also time the whole W4A4 linear a user runs (`jax_w4a4.linear`: act_quant of the bf16 input, then
+the GEMM) and its ratio to torch cuBLAS bf16 (or jnp.dot bf16 without torch): at decode act_quant is a
+second launch of ~5 µs, so the layer's ratio is below the GEMM's.
+
 Timing: one jitted function runs R calls, each on its own activation copy (so XLA cannot merge them) and
 cycling over enough weight copies that the weights are not L2-resident across calls; the per-call time is
 the median over several runs of wall time / R (dispatch is amortised over R calls). torch peers are timed
@@ -37,6 +41,7 @@ RANK = 32
 PREFILL = [(8192, 8192, 8192), (4096, 3072, 3072), (4096, 12288, 3072), (4096, 3072, 12288), (2048, 4096, 4096)]
 DECODE = [(m, n, k) for n, k in [(28672, 8192), (8192, 8192)] for m in (1, 16, 64)]
 DTYPE = jnp.bfloat16
+LINEAR = "w4a4 linear"  # act_quant + the GEMM, as jax_w4a4.linear runs them
 
 try:
     import torch
@@ -61,29 +66,37 @@ def _time_torch(fn, activations, weights, repeats: int) -> float:
 
 
 def _w4a4_inputs(m, n, k, copies, weight_copies, key):
-    """Activation copies (q_x, s_x, la from ops.act_quant) and weight copies (prepacked, scales, L_up, α, β)."""
-    keys = jax.random.split(key, copies + weight_copies + 1)
-    smooth = jax.random.uniform(keys[0], (k,), jnp.float32, 0.5, 2.0)
-    lora_down = (jax.random.normal(keys[0], (k, RANK)) / np.sqrt(k)).astype(DTYPE)
-    quantize = jax.jit(lambda x: ops.act_quant(x, smooth, lora_down, act_format="int4"))
-    acts = [quantize(jax.random.normal(keys[1 + i], (m, k), DTYPE)) for i in range(copies)]
+    """bf16 input copies and weight copies (λ, L_down, prepacked, scales, L_up, α, β)."""
+    keys = jax.random.split(key, copies + weight_copies)
+    xs = [jax.random.normal(keys[i], (m, k), DTYPE) for i in range(copies)]
     weights = []
     for i in range(weight_copies):
-        kw, ku, ka, kb = jax.random.split(keys[1 + copies + i], 4)
+        kw, ku, ka, kb, ks, kd = jax.random.split(keys[copies + i], 6)
+        smooth = jax.random.uniform(ks, (k,), jnp.float32, 0.5, 2.0)
+        lora_down = (jax.random.normal(kd, (k, RANK)) / np.sqrt(k)).astype(DTYPE)
         qweight, wscales = jax.jit(svdq.quantize_weights, static_argnames="scale_dtype")(
             jax.random.normal(kw, (n, k)) / np.sqrt(k), scale_dtype=DTYPE)
         lora_up = (jax.random.normal(ku, (RANK, n)) / np.sqrt(RANK)).astype(DTYPE)
         alpha = jax.random.uniform(ka, (n,), jnp.float32, 0.5, 1.5)
         bias = jax.random.normal(kb, (n,)).astype(DTYPE)
-        weights.append((jax.jit(svdq_layout.prepack)(qweight), jax.jit(svdq_layout.prepack_scales)(wscales), lora_up,
-                        alpha, bias))
-    return acts, weights
+        weights.append((smooth, lora_down, jax.jit(svdq_layout.prepack)(qweight),
+                        jax.jit(svdq_layout.prepack_scales)(wscales), lora_up, alpha, bias))
+    return xs, weights
+
+
+def _act_quant(x, ws):
+    smooth, lora_down = ws[:2]
+    return ops.act_quant(x, smooth, lora_down, act_format="int4")
 
 
 def _w4a4(acts, ws):
     q_x, s_x, la = acts
-    prepacked, wscales, lora_up, alpha, bias = ws
+    prepacked, wscales, lora_up, alpha, bias = ws[2:]
     return ops.w4a4_gemm(q_x, s_x, la, prepacked, wscales, lora_up, alpha, bias, act_format="int4")
+
+
+def _w4a4_linear(x, ws):
+    return _w4a4(_act_quant(x, ws), ws)
 
 
 def _bf16_dot(x, w_kn):
@@ -95,16 +108,20 @@ def _fp8_dot(x8, w8):
 
 
 def _measure(m, n, k, calls, repeats, key):
-    """Per-call seconds of the kernel and of each peer (None where unavailable)."""
+    """Per-call seconds of the GEMM, of the whole linear (LINEAR) and of each peer (None where unavailable)."""
     results = {}
     w4_bytes = n * k // 2
     try:
-        acts, weights = _w4a4_inputs(m, n, k, calls, _weight_copies(w4_bytes), key)
+        xs, weights = _w4a4_inputs(m, n, k, calls, _weight_copies(w4_bytes), key)
+        quantize = jax.jit(_act_quant)
+        acts = [quantize(x, weights[i % len(weights)]) for i, x in enumerate(xs)]
         results["w4a4"] = _time_jax(_w4a4, acts, weights, repeats)
-        del acts, weights
+        del acts
+        results[LINEAR] = _time_jax(_w4a4_linear, xs, weights, repeats)
+        del xs, weights
     except Exception as error:  # noqa: BLE001 (a missing or failing kernel must not hide the peers)
         print(f"  w4a4 {m}x{n}x{k}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
-        results["w4a4"] = None
+        results["w4a4"] = results[LINEAR] = None
 
     kx, kw = jax.random.split(key)
     xs = [jax.random.normal(jax.random.fold_in(kx, i), (m, k), DTYPE) for i in range(calls)]
@@ -136,12 +153,21 @@ def _measure(m, n, k, calls, repeats, key):
 
 def _ratios(results):
     kernel = results["w4a4"]
-    peers = [name for name in results if name != "w4a4"]
+    peers = [name for name in results if name not in ("w4a4", LINEAR)]
     if kernel is None:
         return "  ".join(f"{name} {results[name] * 1e6:9.1f} µs" for name in peers if results[name] is not None)
     return "  ".join(
         f"x{results[name] / kernel:4.2f} vs {name}" if results[name] is not None else f"  n/a  {name}"
         for name in peers)
+
+
+def _linear_column(results):
+    """The whole linear's µs and its ratio to torch cuBLAS bf16 (jnp.dot bf16 without torch)."""
+    linear = results[LINEAR]
+    if linear is None:
+        return f"{'-':>9} {'-':>6}"
+    peer = results["torch bf16"] or results["jnp bf16"]
+    return f"{linear * 1e6:9.1f} x{peer / linear:5.2f}"
 
 
 def main() -> None:
@@ -157,32 +183,33 @@ def main() -> None:
     prefill = [] if args.only == "decode" else PREFILL
     decode = [] if args.only == "prefill" else DECODE
     print(f"\nprefill (rank {RANK}, int4 activations, bf16 out)")
-    print(f"  {'M x N x K':>20} {'µs':>9} {'TFLOPS':>7} {'MFU':>6} {'low-rank TF':>11}   "
-          "ratios (peer time / kernel time)")
+    print(f"  {'M x N x K':>20} {'µs':>9} {'TFLOPS':>7} {'MFU':>6} {'low-rank TF':>11} {'linear µs':>9} "
+          f"{'vs bf16':>6}   GEMM ratios (peer time / kernel time)")
     for m, n, k in prefill:
         results = _measure(m, n, k, calls=8, repeats=repeats, key=jax.random.fold_in(key, m * n + k))
         t = results["w4a4"]
         shape = f"{m} x {n} x {k}"
         if t is None:
-            print(f"  {shape:>20} {'-':>9} {'-':>7} {'-':>6} {'-':>11}   {_ratios(results)}")
+            print(f"  {shape:>20} {'-':>9} {'-':>7} {'-':>6} {'-':>11} {_linear_column(results)}   {_ratios(results)}")
             continue
         tflops = 2 * m * n * k / t / 1e12
         lowrank = 2 * m * n * RANK / t / 1e12
-        print(f"  {shape:>20} {t * 1e6:9.1f} {tflops:7.0f} {tflops / PEAK_FP8_TFLOPS:6.1%} {lowrank:11.1f}   "
-              f"{_ratios(results)}")
+        print(f"  {shape:>20} {t * 1e6:9.1f} {tflops:7.0f} {tflops / PEAK_FP8_TFLOPS:6.1%} {lowrank:11.1f} "
+              f"{_linear_column(results)}   {_ratios(results)}")
 
     print(f"\ndecode (rank {RANK}, int4 activations, bf16 out)")
-    print(f"  {'M x N x K':>20} {'µs':>9} {'GB/s':>7}   ratios (peer time / kernel time)")
+    print(f"  {'M x N x K':>20} {'µs':>9} {'GB/s':>7} {'linear µs':>9} {'vs bf16':>6}   "
+          "GEMM ratios (peer time / kernel time)")
     for m, n, k in decode:
         results = _measure(m, n, k, calls=16, repeats=repeats, key=jax.random.fold_in(key, m * n + k))
         t = results["w4a4"]
         shape = f"{m} x {n} x {k}"
         if t is None:
-            print(f"  {shape:>20} {'-':>9} {'-':>7}   {_ratios(results)}")
+            print(f"  {shape:>20} {'-':>9} {'-':>7} {_linear_column(results)}   {_ratios(results)}")
             continue
         moved = (n * k // 2 + n * (k // 64) * 2 + m * k + m * (k // 64) * 2 + m * n * 2 + RANK * n * 2 +
                  m * RANK * 4 + n * 6)
-        print(f"  {shape:>20} {t * 1e6:9.1f} {moved / t / 1e9:7.0f}   {_ratios(results)}")
+        print(f"  {shape:>20} {t * 1e6:9.1f} {moved / t / 1e9:7.0f} {_linear_column(results)}   {_ratios(results)}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ mkdir -p "$logs"
 MEMCHECK_CRASHERS="1024x4096-g32-m16 or 512x4096-g64-m16"
 # test file : pytest -k expression (one process each)
 CASE_GROUPS=(
-  "act_quant:(test_matches_reference and K3072 and (M1- or M7- or M333-)) or test_k_multiple_of_64 or test_split_counters_are_rearmed or (test_rank_buckets and 333 and int4)"
+  "act_quant:(test_matches_reference and K3072 and (M1- or M7- or M333-)) or test_k_multiple_of_64 or test_split_counters_are_rearmed or (test_rank_buckets and 333 and int4) or (test_decode_split_on_idle_sms and int4)"
   "w4a16_forms:test_narrow_ctas"
   "w4a16_forms:test_narrow_k_split_clusters and not 28672 and not 20480 and not 18944 and not 12288 and not 11008 and not ($MEMCHECK_CRASHERS)"
   "w4a16_forms:test_narrow_k_split_clusters and ($MEMCHECK_CRASHERS)"

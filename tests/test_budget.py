@@ -262,7 +262,7 @@ def test_act_quant_launch_small_m_splits_k_wide():
     assert (p.block_rows, p.rank_cap, p.row_blocks, p.k_splits) == (16, 32, 1, 64)
     assert p.workspace_bytes == 64 * 16 * 32 * 4 and p.arrival_counters == 1
     p = budget.act_quant_launch(1, 8192, 48, num_sms=132)
-    assert p.rank_cap == 128 and p.workspace_bytes == 64 * 16 * 48 * 4  # the actual rank, not the cap
+    assert p.rank_cap == 128 and p.workspace_bytes == 32 * 16 * 48 * 4  # the actual rank, not the cap
     p = budget.act_quant_launch(1, 8192, 0, num_sms=132)
     assert (p.rank_cap, p.k_splits, p.workspace_bytes, p.arrival_counters) == (0, 64, 0, 0)
     # Short K splits down to one chunk a CTA; one chunk cannot be split.
@@ -276,6 +276,24 @@ def test_act_quant_launch_small_m_splits_k_wide():
     # Enough rows fill the GPU without a split.
     p = budget.act_quant_launch(64 * 600, 4096, 32, num_sms=132)
     assert (p.block_rows, p.k_splits, p.workspace_bytes) == (64, 1, 0)
+
+
+def test_act_quant_idle_sm_split_weighs_the_sum_rounds():
+    """The split on idle SMs doubles only while the chunks it takes off a CTA cost more than the rounds of loads
+    it adds to the last CTA's sum (act_quant_plan.h, costs fitted in session 43). Ranks up to 32 at decode sum 64
+    splits in one or two rounds, so they double down to one chunk a CTA; above 32 a thread adds several LA quads
+    (no lane groups) and each doubling doubles the rounds, which pays only where it takes several chunks off a CTA
+    (session 43, us: 16 x 8192 at rank 128, 32 -> 64 splits, 8.0 -> 9.5; 1 x 28672 at rank 128, 11.9 -> 11.2;
+    16 x 3072 at rank 64, 8 -> 16 splits with the sum still one round, 7.3 -> 6.5)."""
+    def splits(rows, k, rank):
+        return budget.act_quant_launch(rows, k, rank, num_sms=132).k_splits
+
+    assert splits(1, 8192, 32) == 64 and splits(16, 8192, 32) == 64 and splits(16, 28672, 32) == 64
+    assert splits(1, 8192, 0) == 64 and splits(1, 28672, 0) == 64  # no partials: nothing to weigh
+    assert splits(16, 8192, 128) == 32 and splits(16, 14336, 128) == 32
+    assert splits(1, 28672, 128) == 64 and splits(16, 28672, 128) == 64
+    assert splits(1, 4096, 256) == 16 and splits(1, 8192, 64) == 32
+    assert splits(16, 3072, 64) == 16 and splits(7, 3072, 128) == 16
 
 
 def test_act_quant_launch_stays_in_one_wave():

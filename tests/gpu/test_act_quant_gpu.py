@@ -174,13 +174,16 @@ def test_split_cut_back_to_one_wave(rng, m, k, act_format):
     assert_matches(run_kernel(*inputs, act_format), run_reference(*inputs, act_format), act_format, k)
 
 
-@pytest.mark.parametrize("m,k", [(1, 3072), (7, 3072), (16, 28672), (3, 8192)])
+@pytest.mark.parametrize("m,k,r", [(1, 3072, 32), (7, 3072, 32), (16, 28672, 32), (3, 8192, 32), (16, 28672, 128),
+                                   (16, 8192, 128), (1, 4096, 256), (5, 3072, 64)])
 @pytest.mark.parametrize("act_format", ["int4", "fp8"])
-def test_decode_split_on_idle_sms(rng, m, k, act_format):
-    """Decode grids split K on past two chunks a CTA while they keep to one CTA per SM (on 132 SMs: 3072 in 16
-    splits of 1-2 chunks, 28672 and 8192 in 64); the partials of up to 7 rows are summed by groups of lanes per LA
-    quad (a butterfly), 16 rows by one lane per quad with 32 splits' loads in flight."""
-    inputs = make_inputs(rng, (m,), k, 32, jnp.bfloat16, act_format)
+def test_decode_split_on_idle_sms(rng, m, k, r, act_format):
+    """Decode grids split K on past two chunks a CTA while they keep to one CTA per SM and the chunks saved outweigh
+    the sum's added rounds (on 132 SMs: 3072 in 16 splits of 1-2 chunks, 28672 and 8192 in 64 at rank 32); the
+    partials of up to 7 rows are summed by groups of lanes per LA quad (a butterfly), 16 rows by one lane per quad
+    with 32 splits' loads in flight; ranks above 32 add several quads a thread over several rounds (16 x 28672 at
+    rank 128: 64 splits in 8 rounds; 16 x 8192: 32 in 4; rank 256: 8 quads a thread)."""
+    inputs = make_inputs(rng, (m,), k, r, jnp.bfloat16, act_format)
     assert_matches(run_kernel(*inputs, act_format), run_reference(*inputs, act_format), act_format, k)
 
 

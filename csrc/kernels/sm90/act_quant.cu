@@ -27,7 +27,8 @@
 // one wave of 512 of the 528 resident CTAs. From 1024 rows every launch takes 64-row blocks, and no K split
 // goes past one wave (at 1024-3072 rows, 16-row blocks, some in 1.3 waves, took 1.35-1.8x as long; session
 // 41). Small M (16-row blocks, S up to 32 with two chunks a CTA, then up to 64 down to one chunk a CTA while the
-// grid keeps to one CTA per SM: session 42) keeps M = 1..64 on 32+ SMs; ranks above 32 run fewer, larger CTAs.
+// grid keeps to one CTA per SM and the chunks saved outweigh the sum's added rounds: sessions 42-43) keeps M = 1..64
+// on 32+ SMs; ranks above 32 run fewer, larger CTAs.
 //
 // Pipeline (one per CTA, every thread takes every role but the loads; a kStages-deep ring, one
 // __syncthreads per chunk, which with 4 CTAs per SM costs one CTA's issue slots, not the SM's):
@@ -813,23 +814,17 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
     const int64_t block_floats = la_block_floats();
     if (split_k) {
       if (!ArriveEnd(g_arrival_counters + blockIdx.x, p.k_splits, earlier_arrivals)) return;
-      // The split partials, added in a fixed order. One lane per LA quad and item, or with few rows (decode: at
-      // most half as many quads as threads, one item each) a group of up to 16 lanes per quad, lane c adding
-      // splits c, c + G, c + 2G, ... in order and the group then adding its lanes' sums by a butterfly. Each lane
-      // issues kSplitsInFlight splits' loads at once (what its registers hold), so the tail takes ~splits x
-      // items / (G x kSplitsInFlight) L2 round trips (session 42: M = 1 takes its 64 splits in one round).
-      // Loads past the last split add +0, after the real ones.
-      constexpr int kItems = (kBlockRows * kRankCap / 4 + Cfg::kThreads - 1) / Cfg::kThreads;
-      constexpr int kLoadsInFlight = Cfg::kPlan.max_registers() >= 160 ? 32 : 16;
-      constexpr int kSplitsInFlight = kItems >= kLoadsInFlight ? 1 : kLoadsInFlight / kItems;
+      // The split partials, added in a fixed order: kItems quads a thread, or at decode a group of G lanes per
+      // quad, lane c adding splits c, c + G, c + 2G, ... in order and the group then adding its lanes' sums by a
+      // butterfly; kSplitsInFlight splits' loads in flight a lane (the geometry is ActQuantSum* in
+      // act_quant_plan.h, whose rounds the launch plan weighs against the split; session 42: M = 1 takes its 64
+      // splits in one round). Loads past the last split add +0, after the real ones.
+      constexpr int kItems = ActQuantSumItems(Cfg::kPlan);
+      constexpr int kSplitsInFlight = ActQuantSumSplitsInFlight(Cfg::kPlan);
       const float4* partials = reinterpret_cast<const float4*>(p.la_partials + int64_t{blockIdx.x} * p.k_splits * block_floats);
       const int split_quads = static_cast<int>(block_floats / 4);
       const int quads = rows_left * rank / 4;
-      int lanes_per_quad = 1;
-      while (kItems == 1 && lanes_per_quad < 16 && 2 * lanes_per_quad * quads <= Cfg::kThreads &&
-             2 * lanes_per_quad <= p.k_splits) {
-        lanes_per_quad *= 2;
-      }
+      const int lanes_per_quad = ActQuantSumLanesPerQuad(kItems, Cfg::kThreads, quads, p.k_splits);
       const int first_split = tid % lanes_per_quad;
       const int first_item = tid / lanes_per_quad;
       float4 sum[kItems] = {};

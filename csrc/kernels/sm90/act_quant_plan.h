@@ -94,6 +94,33 @@ constexpr ActQuantPlan MakeActQuantPlan(ActQuantShape s, int stages) {
   return p;
 }
 
+// The last CTA's sum of a row block's split partials (act_quant.cu, epilogue: LA), which the launch plan
+// weighs against the split. Each thread adds `SumItems` LA quads (4 floats) of the row block; with one item a
+// thread and few quads (decode), a group of lanes per quad splits the splits between them (lane c adds splits
+// c, c + G, ...; the group then a butterfly). A lane keeps `SumSplitsInFlight` splits' loads in flight (what
+// its registers hold), so the sum takes `SumRounds` dependent rounds of L2 loads.
+constexpr int ActQuantSumItems(const ActQuantPlan& p) {
+  return (p.shape.block_rows * p.shape.rank_cap / 4 + p.threads - 1) / p.threads;
+}
+constexpr int ActQuantSumSplitsInFlight(const ActQuantPlan& p) {
+  const int loads_in_flight = p.max_registers() >= 160 ? 32 : 16;
+  const int items = ActQuantSumItems(p);
+  return items >= loads_in_flight ? 1 : loads_in_flight / items;
+}
+// (Scalars, not the plan: the kernel calls it at run time.)
+constexpr int ActQuantSumLanesPerQuad(int items, int threads, int quads, int splits) {
+  int lanes = 1;
+  while (items == 1 && lanes < 16 && 2 * lanes * quads <= threads && 2 * lanes <= splits) lanes *= 2;
+  return lanes;
+}
+constexpr int ActQuantSumRounds(const ActQuantPlan& p, int rows, int64_t rank, int splits) {
+  if (rank == 0 || splits == 1) return 0;
+  const int lanes = ActQuantSumLanesPerQuad(ActQuantSumItems(p), p.threads, static_cast<int>(rows * rank / 4), splits);
+  const int splits_per_lane = (splits + lanes - 1) / lanes;
+  const int in_flight = ActQuantSumSplitsInFlight(p);
+  return (splits_per_lane + in_flight - 1) / in_flight;
+}
+
 // The deepest ring (at most kActQuantMaxStages) with which ctas_per_sm CTAs fit on one SM.
 constexpr ActQuantPlan SolveActQuantPlan(ActQuantShape s) {
   for (int stages = kActQuantMaxStages; stages > kActQuantMinStages; --stages) {
@@ -151,8 +178,28 @@ constexpr int64_t ActQuantResidentCtas(ActQuantShape s, int num_sms) { return in
 // 16.8 -> 11.2, 1024 x 3072 13.9 -> 10.2; one wave alone: 512 x 4096 11.5 -> 8.7.
 // Then, while the doubled grid still has at most one CTA per SM, the split doubles on, down to one chunk a CTA
 // (at most kActQuantMaxIdleSmSplits): the new CTAs run on idle SMs, and at decode a CTA's time follows the bytes
-// it pulls alone (session 42, us: 1 x 3072 5.6 -> 4.8, 7 x 3072 5.6 -> 4.9, 1 x 28672 10.4 -> 8.3).
+// it pulls alone (session 42, us: 1 x 3072 5.6 -> 4.8, 7 x 3072 5.6 -> 4.9, 1 x 28672 10.4 -> 8.3). A doubling
+// is taken while the chunks it takes off a CTA cost more than the rounds it adds to the last CTA's sum
+// (ActQuantIdleSmDoublingPays).
 inline constexpr int64_t kActQuantLargeMinRowBlocks = 16;
+
+// Decode costs, fitted on an H200 (session 43, 1-16 rows, ranks 0-256, splits 8-64): a chunk a CTA costs a
+// dependent DRAM round trip plus its L_down tile, ~520 ns + 2.5 ns per rank of the cap (rank 0: 2.50 -> 1.98 us
+// for 2 -> 1 chunks at 1 x 8192); a round of the sum's loads ~450 ns (16 x 8192 at rank 128: 64 splits, one
+// chunk and 8 rounds, 9.5 us; 32 splits, two chunks and 4 rounds, 8.0).
+inline constexpr int kActQuantChunkNs = 520;
+inline constexpr int kActQuantChunkNsPerTwoRanks = 5;
+inline constexpr int kActQuantSumRoundNs = 450;
+
+constexpr bool ActQuantIdleSmDoublingPays(ActQuantShape s, int64_t rows, int64_t rank, int num_chunks, int splits) {
+  const ActQuantPlan plan = SolveActQuantPlan(s);
+  const int rows_in_block = static_cast<int>(rows < s.block_rows ? rows : s.block_rows);
+  const int chunks_saved = (num_chunks + splits - 1) / splits - (num_chunks + 2 * splits - 1) / (2 * splits);
+  const int rounds_added =
+      ActQuantSumRounds(plan, rows_in_block, rank, 2 * splits) - ActQuantSumRounds(plan, rows_in_block, rank, splits);
+  const int chunk_ns = kActQuantChunkNs + kActQuantChunkNsPerTwoRanks * s.rank_cap / 2;
+  return chunks_saved * chunk_ns > rounds_added * kActQuantSumRoundNs;
+}
 
 constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t rank, int num_sms) {
   ActQuantLaunch launch{};
@@ -169,7 +216,8 @@ constexpr ActQuantLaunch PlanActQuantLaunch(int64_t rows, int64_t k, int64_t ran
   launch.k_splits = 1;
   while (launch.k_splits < split_cap && launch.row_blocks * launch.k_splits < resident * 9 / 10) launch.k_splits *= 2;
   while (2 * launch.k_splits <= kActQuantMaxIdleSmSplits && 2 * launch.k_splits <= num_chunks &&
-         launch.row_blocks * 2 * launch.k_splits <= num_sms) {
+         launch.row_blocks * 2 * launch.k_splits <= num_sms &&
+         ActQuantIdleSmDoublingPays(launch.shape, rows, rank, num_chunks, launch.k_splits)) {
     launch.k_splits *= 2;
   }
   if (launch.k_splits > 1 && launch.row_blocks * launch.k_splits > resident) {
