@@ -9,9 +9,9 @@ when torch is importable, torch cuBLAS bf16 and torch._scaled_mm fp8 (rowwise sc
 move, and the same ratios. Floors to aim for: >= 1.3x cuBLAS bf16 at 8192^3 (~1023 TFLOPS) and <= 49 µs
 (2.5x bf16) at M <= 16 on 28672 x 8192.
 
-Both tables also time the whole W4A4 linear a user runs (`jax_w4a4.linear`: act_quant of the bf16 input, then
-the GEMM) and its ratio to torch cuBLAS bf16 (or jnp.dot bf16 without torch): at decode act_quant is a
-second launch of ~5 µs, so the layer's ratio is below the GEMM's.
+Both tables also time the whole W4A4 linear a user runs (`jax_w4a4.linear`, i.e. `ops.w4a4_linear`: act_quant
+of the bf16 input, then the GEMM, launched by one FFI call so that the GEMM streams its first weight stages
+while act_quant runs) and its ratio to torch cuBLAS bf16 (or jnp.dot bf16 without torch).
 
 Timing: one jitted function runs R calls, each on its own activation copy (so XLA cannot merge them) and
 cycling over enough weight copies that the weights are not L2-resident across calls; the per-call time is
@@ -96,7 +96,8 @@ def _w4a4(acts, ws):
 
 
 def _w4a4_linear(x, ws):
-    return _w4a4(_act_quant(x, ws), ws)
+    smooth, lora_down, prepacked, wscales, lora_up, alpha, bias = ws
+    return ops.w4a4_linear(x, smooth, lora_down, prepacked, wscales, lora_up, alpha, bias, act_format="int4")
 
 
 def _bf16_dot(x, w_kn):

@@ -28,7 +28,8 @@ def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
     """Applies a quantized linear layer: ``(..., K) -> (..., N)`` in x's dtype.
 
     W4A4 / W4A8 weights run the fused activation quantization then the W4A4 GEMM with the low-rank
-    branch; W4A16 weights run the weight-only GEMM. On a GPU these are the CUDA kernels, elsewhere the
+    branch (one op, :func:`jax_w4a4.ops.w4a4_linear`: on the GPU the GEMM overlaps the quantization);
+    W4A16 weights run the weight-only GEMM. On a GPU these are the CUDA kernels, elsewhere the
     reference math. SVDQuantWeights hold the weight zero-padded to the kernel's multiples of 128:
     ``x`` gets zero columns up to the padded K and the output is cut back to the logical N, on every
     platform (exact: see :class:`jax_w4a4.SVDQuantWeights`). FakeQuantFP4Weights (nvfp4 / mxfp4)
@@ -44,9 +45,8 @@ def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
     if isinstance(weights, SVDQuantWeights):
         _check_input(x, weights)
         x = weights.pad_input(x)  # the arrays are padded to the kernel's multiples (SVDQuantWeights)
-        q_x, s_x, la = ops.act_quant(x, weights.smooth, weights.lora_down, act_format=weights.act_format)
-        y = ops.w4a4_gemm(
-            q_x, s_x, la, weights.qweight, weights.wscales, weights.lora_up,
+        y = ops.w4a4_linear(
+            x, weights.smooth, weights.lora_down, weights.qweight, weights.wscales, weights.lora_up,
             weights.alpha, weights.bias, act_format=weights.act_format,
         )
         return weights.crop_output(y)

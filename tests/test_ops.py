@@ -34,9 +34,9 @@ def _w4a16_operands(rng, lead=(4,), group_size=64):
     return x, w4a16_layout.prepack(q.qweight), w4a16_layout.prepack_scales(q.scales), w4a16_layout.prepack_scales(q.zeros)
 
 
-def _w4a4(x, smooth, lora_down, qweight, wscales, lora_up, act_format="int4"):
+def _w4a4(x, smooth, lora_down, qweight, wscales, lora_up, act_format="int4", alpha=None, bias=None):
     q, s, la = ops.act_quant(x, smooth, lora_down, act_format=act_format)
-    return ops.w4a4_gemm(q, s, la, qweight, wscales, lora_up, act_format=act_format)
+    return ops.w4a4_gemm(q, s, la, qweight, wscales, lora_up, alpha, bias, act_format=act_format)
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -47,6 +47,7 @@ def _bad_inputs(rng):
     q, s, la = ops.act_quant(x, smooth, ld, act_format="int4")
     gemm = functools.partial(ops.w4a4_gemm, act_format="int4")
     aq = functools.partial(ops.act_quant, act_format="int4")
+    lin = functools.partial(ops.w4a4_linear, act_format="int4")
     g16 = functools.partial(ops.w4a16_gemm, group_size=64)
     return [
         (lambda: ops.act_quant(x, smooth, ld, act_format="int2"), r"act_format must be one of"),
@@ -71,6 +72,12 @@ def _bad_inputs(rng):
         (lambda: gemm(q, s, la, qw, ws, lu, bias=jnp.ones(64, BF16)), r"bias must have shape \(128,\)"),
         (lambda: ops.w4a4_gemm(q, s, la, qw, ws, lu, act_format="fp8"), r"s_x must have shape \(4, 2\)"),
         (lambda: gemm(q[..., :128], s, la, qw, ws, lu), r"q_x must have shape \(4, 256\)"),
+        (lambda: lin(x.astype(jnp.float32), smooth, ld, qw, ws, lu), r"w4a4_linear: x must have dtype bfloat16 or float16"),
+        (lambda: lin(x, smooth, ld[:, :8], qw, ws, lu), r"w4a4_linear: lora_down.shape\[1\] \(the low-rank rank r\) must be a multiple of 16"),
+        (lambda: lin(x, smooth, ld, qw, ws.astype(jnp.float16), lu), r"w4a4_linear: wscales \(the output dtype\) must have dtype bfloat16"),
+        (lambda: lin(x, smooth, ld, qw[:1], ws, lu), r"w4a4_linear: qweight \(prepacked, formats.svdq_layout\) must have shape \(2, 4, 2048\)"),
+        (lambda: lin(x, smooth, ld, qw, ws, lu[:, :64]), r"w4a4_linear: lora_up must have shape \(16, 128\)"),
+        (lambda: lin(x, smooth, ld, qw, ws, lu, bias=jnp.ones(64, BF16)), r"w4a4_linear: bias must have shape \(128,\)"),
         (lambda: g16(xw, qw16, s16, z16, group_size=48), r"group_size must be one of"),
         (lambda: g16(xw, qw16, s16.astype(jnp.float16), z16), r"scales must have dtype bfloat16"),
         (lambda: g16(xw, qw16, s16, z16[:1]), r"zeros must have shape \(4, 128\)"),
@@ -119,6 +126,47 @@ def test_vmap_over_stacked_weights(rng):
         np.testing.assert_array_equal(np.asarray(mapped[i], np.float32), np.asarray(_w4a4(x, smooth, ld, qw, ws, lu), np.float32))
 
 
+@pytest.mark.parametrize("act_format", ["int4", "uint4", "fp8"])
+def test_w4a4_linear_is_act_quant_then_w4a4_gemm(rng, act_format):
+    """The fused op equals the two ops in sequence, bit for bit: eager, jitted, vmapped over tokens and over
+    stacked weights."""
+    x, smooth, ld, qw, ws, lu = _operands(rng, lead=(3, 5))
+    alpha = jnp.asarray(rng.uniform(0.5, 1.5, N), jnp.float32)
+    bias = jnp.asarray(rng.standard_normal(N), BF16)
+    fused = functools.partial(ops.w4a4_linear, act_format=act_format)
+    apart = _w4a4(x, smooth, ld, qw, ws, lu, act_format=act_format, alpha=alpha, bias=bias)
+    same = functools.partial(np.testing.assert_array_equal, np.asarray(apart, np.float32))
+    same(np.asarray(fused(x, smooth, ld, qw, ws, lu, alpha, bias), np.float32))
+    same(np.asarray(jax.jit(fused)(x, smooth, ld, qw, ws, lu, alpha, bias), np.float32))
+    tokens = jax.vmap(fused, in_axes=(1, None, None, None, None, None, None, None), out_axes=1)
+    same(np.asarray(tokens(x, smooth, ld, qw, ws, lu, alpha, bias), np.float32))
+    layers = jax.vmap(fused, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))
+    stacked = [jnp.stack([a, a]) for a in (smooth, ld, qw, ws, lu, alpha, bias)]
+    np.testing.assert_array_equal(np.asarray(layers(x, *stacked)[1], np.float32), np.asarray(apart, np.float32))
+
+
+def test_w4a4_linear_lowering_returns_act_quants_outputs_and_both_workspaces(rng):
+    """One FFI call with act_quant's (q, scales, la), act_quant's workspace and the GEMM's as extra results
+    that XLA allocates; the primitive returns only y."""
+    m, n, k, r = 1, 1024, 17408, 32  # 8 column tiles x 136 k-stages at one token: stream-K on 132 SMs
+    x = jnp.asarray(rng.standard_normal((m, k)), BF16)
+    smooth = jnp.ones((k,), jnp.float32)
+    lora_down = jnp.asarray(rng.standard_normal((k, r)), BF16)
+    qw, ws = svdq.quantize_weights(jnp.asarray(rng.standard_normal((n, k)), jnp.float32), scale_dtype=BF16)
+    lora_up = jnp.asarray(rng.standard_normal((r, n)), BF16)
+    lowered = jax.jit(functools.partial(ops.w4a4_linear, act_format="int4")).trace(
+        x, smooth, lora_down, svdq_layout.prepack(qw), svdq_layout.prepack_scales(ws), lora_up
+    ).lower(lowering_platforms=("cuda",))
+    sms = _library.cuda_sm_count()
+    act_quant_bytes = budget.act_quant_launch(m, k, r, num_sms=sms).workspace_bytes
+    gemm_bytes = budget.w4a4_workspace_bytes(m, n, k, num_sms=sms)
+    assert act_quant_bytes > 0 and gemm_bytes > 0
+    results = (f"-> (tensor<{m}x{n}xbf16>, tensor<{m}x{k}xui8>, tensor<{m}x{k // 64}xbf16>, tensor<{m}x{r}xf32>, "
+               f"tensor<{act_quant_bytes}xui8>, tensor<{gemm_bytes}xui8>)")
+    assert results in lowered.as_text()
+    assert lowered.out_info.shape == (m, n)
+
+
 def test_vmap_w4a16(rng):
     x, qw, s, z = _w4a16_operands(rng, lead=(2, 3))
     f = functools.partial(ops.w4a16_gemm, group_size=64)
@@ -142,6 +190,11 @@ def _op_calls(rng):
         "w4a4_gemm": (
             functools.partial(ops.w4a4_gemm, act_format="uint4"),
             (q, s, la, qw, ws, lu),
+            f'act_format = "uint4", num_sms = {_library.cuda_sm_count()} : i64',
+        ),
+        "w4a4_linear": (
+            functools.partial(ops.w4a4_linear, act_format="uint4"),
+            (x, smooth, ld, qw, ws, lu),
             f'act_format = "uint4", num_sms = {_library.cuda_sm_count()} : i64',
         ),
         "w4a16_gemm": (

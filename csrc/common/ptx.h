@@ -26,6 +26,13 @@ __device__ __forceinline__ uint64_t L2EvictNormalPolicy() {
   return policy;
 }
 
+// Programmatic dependent launch (a kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization
+// may start while the previous kernel of the stream still runs). LaunchDependents: this CTA lets the next
+// kernel start. WaitForPreviousGrid: blocks until the previous kernel has finished and its memory is
+// visible; returns at once in a kernel not launched that way.
+__device__ __forceinline__ void LaunchDependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void WaitForPreviousGrid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

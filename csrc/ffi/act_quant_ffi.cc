@@ -11,6 +11,7 @@
 
 #include "common/ffi_util.h"
 #include "ffi/handler_util.h"
+#include "ffi/w4a4_handlers.h"
 #include "kernels/sm90/act_quant.h"
 #include "kernels/sm90/act_quant_plan.h"
 #include "xla/ffi/api/ffi.h"
@@ -20,10 +21,11 @@ namespace {
 
 constexpr std::string_view kOp = "act_quant";
 
-ffi::Error ActQuant(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smooth, ffi::AnyBuffer lora_down,
-                    ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scales,
-                    ffi::Result<ffi::AnyBuffer> la, ffi::Result<ffi::AnyBuffer> workspace,
-                    std::string_view act_format, int64_t num_sms) {
+}  // namespace
+
+ffi::Error ActQuantArgsFrom(ffi::AnyBuffer x, ffi::AnyBuffer smooth, ffi::AnyBuffer lora_down, ffi::AnyBuffer q,
+                            ffi::AnyBuffer scales, ffi::AnyBuffer la, ffi::AnyBuffer workspace,
+                            std::string_view act_format, int64_t num_sms, sm90::ActQuantArgs& args) {
   sm90::ActFormat format;
   if (!ParseActFormat(act_format, format)) {
     return Invalid(kOp, "act_format must be \"int4\", \"uint4\" or \"fp8\", got \"" + std::string(act_format) + "\"");
@@ -53,30 +55,40 @@ ffi::Error ActQuant(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smooth
     return Invalid(kOp, "rank r = " + std::to_string(rank) + " must be a multiple of 16 in [0, 256]");
   }
   // One e4m3 code per value for every format.
-  JAX_W4A4_RETURN_IF_ERROR(CheckActivationLike(kOp, *q, x, "x", k, ffi::DataType::U8, "q"));
+  JAX_W4A4_RETURN_IF_ERROR(CheckActivationLike(kOp, q, x, "x", k, ffi::DataType::U8, "q"));
   JAX_W4A4_RETURN_IF_ERROR(
-      CheckActivationLike(kOp, *scales, x, "x", k / group, fp8 ? ffi::DataType::F32 : x.element_type(), "scales"));
-  JAX_W4A4_RETURN_IF_ERROR(CheckActivationLike(kOp, *la, x, "x", rank, ffi::DataType::F32, "la"));
+      CheckActivationLike(kOp, scales, x, "x", k / group, fp8 ? ffi::DataType::F32 : x.element_type(), "scales"));
+  JAX_W4A4_RETURN_IF_ERROR(CheckActivationLike(kOp, la, x, "x", rank, ffi::DataType::F32, "la"));
   JAX_W4A4_RETURN_IF_ERROR(CheckNumSms(kOp, num_sms));
   JAX_W4A4_RETURN_IF_ERROR(
-      CheckWorkspace(kOp, *workspace, sm90::ActQuantWorkspaceBytes(rows, k, rank, static_cast<int>(num_sms))));
-  if (rows == 0) return ffi::Error::Success();
-
-  sm90::ActQuantArgs args;
+      CheckWorkspace(kOp, workspace, sm90::ActQuantWorkspaceBytes(rows, k, rank, static_cast<int>(num_sms))));
   args.x = x.untyped_data();
   args.smooth = static_cast<const float*>(smooth.untyped_data());
   args.lora_down = lora_down.untyped_data();
-  args.q = q->untyped_data();
-  args.scales = scales->untyped_data();
-  args.la = static_cast<float*>(la->untyped_data());
-  args.workspace = workspace->untyped_data();
-  args.workspace_bytes = static_cast<int64_t>(workspace->size_bytes());
+  args.q = q.untyped_data();
+  args.scales = scales.untyped_data();
+  args.la = static_cast<float*>(la.untyped_data());
+  args.workspace = workspace.untyped_data();
+  args.workspace_bytes = static_cast<int64_t>(workspace.size_bytes());
   args.rows = rows;
   args.k = k;
   args.rank = rank;
   args.num_sms = static_cast<int>(num_sms);
   args.dtype = x.element_type() == ffi::DataType::BF16 ? sm90::HalfType::kBf16 : sm90::HalfType::kFp16;
   args.format = format;
+  return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error ActQuant(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smooth, ffi::AnyBuffer lora_down,
+                    ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scales,
+                    ffi::Result<ffi::AnyBuffer> la, ffi::Result<ffi::AnyBuffer> workspace,
+                    std::string_view act_format, int64_t num_sms) {
+  sm90::ActQuantArgs args;
+  JAX_W4A4_RETURN_IF_ERROR(
+      ActQuantArgsFrom(x, smooth, lora_down, *q, *scales, *la, *workspace, act_format, num_sms, args));
+  if (args.rows == 0) return ffi::Error::Success();
   return CudaStatus(sm90::LaunchActQuant(args, stream), "act_quant launch");
 }
 

@@ -9,7 +9,7 @@
 #include "kernels/sm90/w4a4_gemm.h"
 
 extern "C" __attribute__((visibility("default"))) const char* JaxW4a4Targets() {
-  return "jax_w4a4_act_quant,jax_w4a4_w4a4_gemm,jax_w4a4_w4a16_gemm,jax_w4a4_device_clock,jax_w4a4_stream_peer";
+  return "jax_w4a4_act_quant,jax_w4a4_w4a4_gemm,jax_w4a4_w4a4_linear,jax_w4a4_w4a16_gemm,jax_w4a4_device_clock,jax_w4a4_stream_peer";
 }
 
 // The arrival counters (common/arrival_counters.h) of all kernels on the current device that are not zero

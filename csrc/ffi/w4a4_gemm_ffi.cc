@@ -12,6 +12,7 @@
 
 #include "common/ffi_util.h"
 #include "ffi/handler_util.h"
+#include "ffi/w4a4_handlers.h"
 #include "kernels/sm90/w4a4_gemm.h"
 #include "kernels/sm90/w4a4_gemm_plan.h"
 #include "xla/ffi/api/ffi.h"
@@ -23,10 +24,12 @@ constexpr std::string_view kOp = "w4a4_gemm";
 constexpr int64_t kStageK = 128;  // K per row of the prepacked weight scales: two groups of 64
 constexpr int64_t kPrepackedBlockBytes = 2048;  // formats/svdq_layout.py: 64 x 64 int4 per block
 
-ffi::Error W4a4Gemm(cudaStream_t stream, ffi::AnyBuffer q_x, ffi::AnyBuffer s_x, ffi::AnyBuffer la,
-                    ffi::AnyBuffer qweight, ffi::AnyBuffer wscales, ffi::AnyBuffer lora_up, ffi::AnyBuffer alpha,
-                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> workspace,
-                    std::string_view act_format, int64_t num_sms) {
+}  // namespace
+
+ffi::Error W4a4GemmArgsFrom(ffi::AnyBuffer q_x, ffi::AnyBuffer s_x, ffi::AnyBuffer la, ffi::AnyBuffer qweight,
+                            ffi::AnyBuffer wscales, ffi::AnyBuffer lora_up, ffi::AnyBuffer alpha, ffi::AnyBuffer bias,
+                            ffi::AnyBuffer y, ffi::AnyBuffer workspace, std::string_view act_format, int64_t num_sms,
+                            sm90::W4A4GemmSm90Args& args) {
   sm90::ActFormat format;
   if (!ParseActFormat(act_format, format)) {
     return Invalid(kOp, "act_format must be \"int4\", \"uint4\" or \"fp8\", got \"" + std::string(act_format) + "\"");
@@ -66,16 +69,15 @@ ffi::Error W4a4Gemm(cudaStream_t stream, ffi::AnyBuffer q_x, ffi::AnyBuffer s_x,
   const void* bias_data = nullptr;
   JAX_W4A4_RETURN_IF_ERROR(OptionalVector(kOp, alpha, n, ffi::DataType::F32, "alpha", alpha_data));
   JAX_W4A4_RETURN_IF_ERROR(OptionalVector(kOp, bias, n, out_dtype, "bias", bias_data));
-  JAX_W4A4_RETURN_IF_ERROR(CheckActivationLike(kOp, *y, q_x, "q_x", n, out_dtype, "y"));
+  JAX_W4A4_RETURN_IF_ERROR(CheckActivationLike(kOp, y, q_x, "q_x", n, out_dtype, "y"));
 
   if (const char* why = sm90::CheckW4A4GemmSm90Shape(m, n, k, rank)) {
     return Invalid(kOp, std::string("unsupported shape M=") + std::to_string(m) + " N=" + std::to_string(n) +
                             " K=" + std::to_string(k) + " r=" + std::to_string(rank) + ": " + why);
   }
   JAX_W4A4_RETURN_IF_ERROR(CheckNumSms(kOp, num_sms));
-  JAX_W4A4_RETURN_IF_ERROR(CheckWorkspace(kOp, *workspace, sm90::W4A4WorkspaceBytes(m, n, k, num_sms)));
-  if (m == 0) return ffi::Error::Success();
-  const sm90::W4A4GemmSm90Args args{
+  JAX_W4A4_RETURN_IF_ERROR(CheckWorkspace(kOp, workspace, sm90::W4A4WorkspaceBytes(m, n, k, num_sms)));
+  args = sm90::W4A4GemmSm90Args{
       static_cast<const uint8_t*>(q_x.untyped_data()),
       s_x.untyped_data(),
       static_cast<const float*>(la.untyped_data()),
@@ -84,13 +86,26 @@ ffi::Error W4a4Gemm(cudaStream_t stream, ffi::AnyBuffer q_x, ffi::AnyBuffer s_x,
       lora_up.untyped_data(),
       static_cast<const float*>(alpha_data),
       bias_data,
-      y->untyped_data(),
+      y.untyped_data(),
       m, n, k, rank,
       out_dtype == ffi::DataType::BF16 ? sm90::HalfType::kBf16 : sm90::HalfType::kFp16,
       format,
-      workspace->untyped_data(),
-      static_cast<int64_t>(workspace->size_bytes()),
+      workspace.untyped_data(),
+      static_cast<int64_t>(workspace.size_bytes()),
       static_cast<int>(num_sms)};
+  return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error W4a4Gemm(cudaStream_t stream, ffi::AnyBuffer q_x, ffi::AnyBuffer s_x, ffi::AnyBuffer la,
+                    ffi::AnyBuffer qweight, ffi::AnyBuffer wscales, ffi::AnyBuffer lora_up, ffi::AnyBuffer alpha,
+                    ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> workspace,
+                    std::string_view act_format, int64_t num_sms) {
+  sm90::W4A4GemmSm90Args args;
+  JAX_W4A4_RETURN_IF_ERROR(W4a4GemmArgsFrom(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *y, *workspace,
+                                            act_format, num_sms, args));
+  if (args.m == 0) return ffi::Error::Success();
   return CudaStatus(sm90::LaunchW4A4GemmSm90(args, stream), "w4a4_gemm launch");
 }
 

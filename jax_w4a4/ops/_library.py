@@ -21,6 +21,7 @@ ENV_LIBRARY = "JAX_W4A4_LIBRARY"
 CUDA_KERNELS: dict[str, str] = {
     "act_quant": "JaxW4a4ActQuant",
     "w4a4_gemm": "JaxW4a4W4a4Gemm",
+    "w4a4_linear": "JaxW4a4W4a4Linear",
     "w4a16_gemm": "JaxW4a4W4a16Gemm",
 }
 

@@ -421,6 +421,18 @@ def _spans_devices(ctx: mlir.LoweringRuleContext) -> bool:
     return isinstance(axis_context, sharding_impls.ShardingContext) and axis_context.num_devices > 1
 
 
+def composite_lowering(composite: Callable, local_lowering: Callable, multiple_results: bool) -> Callable:
+    """The lowering rule of an op that is other ops in sequence (``w4a4_linear``): ``local_lowering`` on one
+    device or inside ``shard_map``; over several devices, ``composite`` (its ops partition themselves)."""
+
+    def lowering(ctx, *operands, **params):
+        if not _spans_devices(ctx):
+            return local_lowering(ctx, *operands, **params)
+        return mlir.lower_fun(functools.partial(composite, **params), multiple_results=multiple_results)(ctx, *operands)
+
+    return lowering
+
+
 def partitioned_lowering(name: str, bind: Callable, local_lowering: Callable, multiple_results: bool) -> Callable:
     """The lowering rule of op ``name``: ``local_lowering`` on one device or inside ``shard_map``; over
     several devices, a ``custom_partitioning`` call with the op's Shardy rule and partition callback,

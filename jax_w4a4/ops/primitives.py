@@ -1,4 +1,4 @@
-"""The three fused ops as JAX primitives: abstract eval, lowerings (CUDA FFI, reference), batching.
+"""The fused ops as JAX primitives: abstract eval, lowerings (CUDA FFI, reference), batching.
 
 Every op is one :class:`FusedOp`: its abstract evaluation validates the operands (ValueError naming the
 argument and the expected value) and computes the result shapes; it lowers through
@@ -7,6 +7,10 @@ else (under ``jax.jit`` over several devices, through the Shardy rule and partit
 :mod:`jax_w4a4.ops.partitioning` first, whose per-device computation lowers as on one device); its
 batching rule maps vmap onto the leading dims of the activations (or onto a loop over the batch when
 the weights themselves are batched). Operand order and layouts: ``docs/layouts.md``.
+
+``w4a4_linear`` is ``act_quant`` then ``w4a4_gemm`` as one primitive, what :func:`jax_w4a4.linear` runs:
+one FFI call launches both kernels, so that the GEMM overlaps act_quant (programmatic dependent launch).
+Over several devices it lowers as the two ops, which partition themselves.
 """
 
 from __future__ import annotations
@@ -42,10 +46,11 @@ class FusedOp:
       kernel_checks: extra trace-time checks of what the CUDA kernel serves (raises ValueError).
       num_activations: the first operands that carry the leading (token) dims; the rest are weights.
       num_results: how many arrays the primitive returns (more than one: it returns a tuple).
-      cuda_workspace: for a kernel that needs device scratch, ``(avals_in, params) -> (bytes, attributes)``:
-        the CUDA lowering gives the FFI call one more result, a uint8 array of that size that XLA
-        allocates (so the call stays CUDA-graph safe), passes the attributes that planned it, and drops
-        the extra result.
+      cuda_scratch: for a kernel that needs device scratch, ``(avals_in, params) -> (avals, attributes)``:
+        the CUDA lowering gives the FFI call these extra results, arrays that XLA allocates (so the call
+        stays CUDA-graph safe), passes the attributes that planned them, and drops them.
+      composite: for an op that is other ops in sequence, that sequence (operands and params as the
+        primitive's); over several devices the op lowers as it, and its ops partition themselves.
     """
 
     name: str
@@ -54,7 +59,8 @@ class FusedOp:
     kernel_checks: Callable
     num_activations: int
     num_results: int
-    cuda_workspace: Callable | None = None
+    cuda_scratch: Callable | None = None
+    composite: Callable | None = None
 
     @property
     def multiple_results(self) -> bool:
@@ -76,7 +82,9 @@ class FusedOp:
 
     def _partitioned(self, local_lowering: Callable) -> Callable:
         """``local_lowering`` on one device; over several, the Shardy-ruled partitioning of
-        :mod:`jax_w4a4.ops.partitioning` (whose per-device computation lowers locally)."""
+        :mod:`jax_w4a4.ops.partitioning` (whose per-device computation lowers locally), or the composite."""
+        if self.composite is not None:
+            return partitioning.composite_lowering(self.composite, local_lowering, self.multiple_results)
         return partitioning.partitioned_lowering(self.name, self.bind, local_lowering, self.multiple_results)
 
     def bind(self, *operands: jax.Array, **params):
@@ -86,11 +94,10 @@ class FusedOp:
         _library.require_cuda_target(self.name)
         self.kernel_checks(*ctx.avals_in, **params)
         rule = jax.ffi.ffi_lowering(_library.target_name(self.name))
-        if self.cuda_workspace is None:
+        if self.cuda_scratch is None:
             return rule(ctx, *operands, **params)
-        workspace_bytes, attributes = self.cuda_workspace(*ctx.avals_in, **params)
-        workspace = ShapedArray((workspace_bytes,), jnp.uint8)
-        results = rule(ctx.replace(avals_out=(*ctx.avals_out, workspace)), *operands, **params, **attributes)
+        scratch, attributes = self.cuda_scratch(*ctx.avals_in, **params)
+        results = rule(ctx.replace(avals_out=(*ctx.avals_out, *scratch)), *operands, **params, **attributes)
         return results[: len(ctx.avals_out)]
 
     def _batch(self, operands, dims, **params):
@@ -121,8 +128,7 @@ class FusedOp:
 _act_group = partitioning.act_group
 
 
-def _act_quant_abstract(x, smooth, lora_down, *, act_format):
-    op = "act_quant"
+def _act_quant_abstract(x, smooth, lora_down, *, act_format, op="act_quant"):
     checks.one_of(op, "act_format", act_format, reference.ACT_FORMATS)
     checks.at_least_1d(op, "x", x)
     checks.dtype_in(op, "x", x, checks.HALF_DTYPES)
@@ -146,11 +152,16 @@ def _no_kernel_checks(*avals, **params) -> None:
     del avals, params
 
 
+def _workspace(nbytes: int) -> list[ShapedArray]:
+    """A kernel's scratch: one uint8 result of ``nbytes``."""
+    return [ShapedArray((nbytes,), jnp.uint8)]
+
+
 def _act_quant_workspace(x, smooth, lora_down, *, act_format):
     del smooth, act_format
     num_sms = _library.cuda_sm_count()
     plan = budget.act_quant_launch(math.prod(x.shape[:-1]), x.shape[-1], lora_down.shape[1], num_sms=num_sms)
-    return plan.workspace_bytes, {"num_sms": num_sms}
+    return _workspace(plan.workspace_bytes), {"num_sms": num_sms}
 
 
 ACT_QUANT = FusedOp(
@@ -160,7 +171,7 @@ ACT_QUANT = FusedOp(
     kernel_checks=_no_kernel_checks,
     num_activations=1,
     num_results=3,
-    cuda_workspace=_act_quant_workspace,
+    cuda_scratch=_act_quant_workspace,
 )
 
 
@@ -178,8 +189,7 @@ def act_quant(
 # w4a4_gemm
 
 
-def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
-    op = "w4a4_gemm"
+def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format, op="w4a4_gemm"):
     checks.one_of(op, "act_format", act_format, reference.ACT_FORMATS)
     # The prepacked weight scales (K/128, N, 2) give N and K (so K is a multiple of 128).
     checks.ndim_is(op, "wscales (prepacked, formats.svdq_layout.prepack_scales)", wscales, 3)
@@ -213,8 +223,7 @@ def _w4a4_gemm_abstract(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *,
 W4A4_TILE_N = 128
 
 
-def _w4a4_gemm_kernel_checks(q_x, s_x, la, qweight, wscales, *rest, act_format):
-    op = "w4a4_gemm"
+def _w4a4_gemm_kernel_checks(q_x, s_x, la, qweight, wscales, *rest, act_format, op="w4a4_gemm"):
     why = " (the CUDA kernel's tile; pad the layer or run it on CPU)"
     checks.multiple_of(op, "N (wscales.shape[1])", wscales.shape[1], W4A4_TILE_N, why)
 
@@ -229,7 +238,7 @@ def _w4a4_gemm_reference(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *
 def _w4a4_gemm_workspace(q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format):
     num_sms = _library.cuda_sm_count()
     m, n, k = math.prod(q_x.shape[:-1]), wscales.shape[1], q_x.shape[-1]
-    return budget.w4a4_workspace_bytes(m, n, k, num_sms=num_sms), {"num_sms": num_sms}
+    return _workspace(budget.w4a4_workspace_bytes(m, n, k, num_sms=num_sms)), {"num_sms": num_sms}
 
 
 W4A4_GEMM = FusedOp(
@@ -239,7 +248,7 @@ W4A4_GEMM = FusedOp(
     kernel_checks=_w4a4_gemm_kernel_checks,
     num_activations=3,
     num_results=1,
-    cuda_workspace=_w4a4_gemm_workspace,
+    cuda_scratch=_w4a4_gemm_workspace,
 )
 
 
@@ -279,6 +288,71 @@ def w4a4_gemm(
 
 
 # --------------------------------------------------------------------------------------------------
+# w4a4_linear: act_quant then w4a4_gemm
+
+
+def _w4a4_linear_abstract(x, smooth, lora_down, qweight, wscales, lora_up, alpha, bias, *, act_format):
+    op = "w4a4_linear"
+    activations = _act_quant_abstract(x, smooth, lora_down, act_format=act_format, op=op)
+    checks.dtype_in(op, "wscales (the output dtype)", wscales, [x.dtype])
+    return _w4a4_gemm_abstract(*activations, qweight, wscales, lora_up, alpha, bias, act_format=act_format, op=op)
+
+
+def _w4a4_linear_kernel_checks(x, smooth, lora_down, *weights, act_format):
+    activations = _act_quant_abstract(x, smooth, lora_down, act_format=act_format)
+    _w4a4_gemm_kernel_checks(*activations, *weights, act_format=act_format, op="w4a4_linear")
+
+
+def _w4a4_linear_composite(x, smooth, lora_down, *weights, act_format):
+    activations = ACT_QUANT.bind(x, smooth, lora_down, act_format=act_format)
+    return W4A4_GEMM.bind(*activations, *weights, act_format=act_format)
+
+
+def _w4a4_linear_scratch(x, smooth, lora_down, *weights, act_format):
+    """act_quant's three outputs and the two kernels' workspaces, results of the one FFI call."""
+    activations = _act_quant_abstract(x, smooth, lora_down, act_format=act_format)
+    act_quant_workspace, attributes = _act_quant_workspace(x, smooth, lora_down, act_format=act_format)
+    gemm_workspace, _ = _w4a4_gemm_workspace(*activations, *weights, act_format=act_format)
+    return [*activations, *act_quant_workspace, *gemm_workspace], attributes
+
+
+W4A4_LINEAR = FusedOp(
+    name="w4a4_linear",
+    abstract_eval=_w4a4_linear_abstract,
+    reference=_w4a4_linear_composite,  # on CPU each op lowers to its reference
+    kernel_checks=_w4a4_linear_kernel_checks,
+    num_activations=1,
+    num_results=1,
+    cuda_scratch=_w4a4_linear_scratch,
+    composite=_w4a4_linear_composite,
+)
+
+
+def w4a4_linear(
+    x: jax.Array,
+    smooth: jax.Array,
+    lora_down: jax.Array,
+    qweight: jax.Array,
+    wscales: jax.Array,
+    lora_up: jax.Array,
+    alpha: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    *,
+    act_format: str,
+) -> jax.Array:
+    """The whole W4A4 layer, :func:`act_quant` then :func:`w4a4_gemm`, as one primitive (one FFI call).
+
+    Same operands, layouts and result as the two ops in sequence, bit for bit. On the GPU both kernels are
+    launched by one call, the GEMM with programmatic dependent launch: it starts while act_quant runs and
+    streams its first weight stages before it waits for act_quant's outputs (two custom calls cannot
+    overlap inside XLA's command buffers). Over several devices it lowers as the two ops.
+    """
+    alpha = _empty(jnp.float32) if alpha is None else alpha
+    bias = _empty(wscales.dtype) if bias is None else bias
+    return W4A4_LINEAR.bind(x, smooth, lora_down, qweight, wscales, lora_up, alpha, bias, act_format=act_format)
+
+
+# --------------------------------------------------------------------------------------------------
 # w4a16_gemm
 
 
@@ -315,7 +389,7 @@ def _w4a16_gemm_workspace(x, qweight, scales, zeros, g_idx, bias, *, group_size)
     num_sms = _library.cuda_sm_count()
     m, n, k = math.prod(x.shape[:-1]), scales.shape[1], x.shape[-1]
     nbytes = budget.w4a16_workspace_bytes(m, n, k, group_size, act_order=g_idx.shape != EMPTY, num_sms=num_sms)
-    return max(nbytes, 0), {"num_sms": num_sms}
+    return _workspace(max(nbytes, 0)), {"num_sms": num_sms}
 
 
 def _w4a16_gemm_reference(x, qweight, scales, zeros, g_idx, bias, *, group_size):
@@ -333,7 +407,7 @@ W4A16_GEMM = FusedOp(
     kernel_checks=_w4a16_gemm_kernel_checks,
     num_activations=1,
     num_results=1,
-    cuda_workspace=_w4a16_gemm_workspace,
+    cuda_scratch=_w4a16_gemm_workspace,
 )
 
 
@@ -359,4 +433,4 @@ def w4a16_gemm(
     return W4A16_GEMM.bind(x, qweight, scales, zeros, g_idx, bias, group_size=group_size)
 
 
-ALL_OPS: Sequence[FusedOp] = (ACT_QUANT, W4A4_GEMM, W4A16_GEMM)
+ALL_OPS: Sequence[FusedOp] = (ACT_QUANT, W4A4_GEMM, W4A4_LINEAR, W4A16_GEMM)

@@ -201,3 +201,50 @@ def test_expanded_weights_give_the_register_path_bits(act_format, dtype):
     np.testing.assert_array_equal(expanded[: m - 1].view(np.uint16), registers.view(np.uint16))
     ref = _cpu_reference(q_x[-2:], s_x[-2:], la[-2:], qweight, wscales, lora_up, alpha, bias, act_format)
     assert _relative_error(expanded[-2:].astype(np.float32), ref) < TOLERANCE[dtype]
+
+
+# (M, N, K, rank, dtype, act_format) of the fused linear: every token tile, stream-K and whole tiles, the
+# expanded-weights prefill (its GEMM is not launched early), ranks 0 / 32 / 128, every activation format.
+LINEAR_CASES = [
+    (1, 28672, 8192, 32, BF16, "int4"),
+    (7, 3072, 1536, 128, F16, "fp8"),
+    (16, 8192, 8192, 32, BF16, "uint4"),
+    (16, 128, 256, 0, BF16, "int4"),
+    (33, 4096, 4096, 32, F16, "int4"),
+    (64, 12288, 3072, 128, BF16, "fp8"),
+    (200, 3072, 3072, 32, BF16, "int4"),
+    (1100, 1536, 2048, 16, F16, "uint4"),
+]
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=[_case_id((*c[:4], False, *c[4:])) for c in LINEAR_CASES])
+def test_w4a4_linear_overlapped_equals_the_two_ops_apart(case):
+    """ops.w4a4_linear launches act_quant and the GEMM in one FFI call, the GEMM with programmatic dependent
+    launch: it streams its first weight stages while act_quant runs and must wait for act_quant's outputs
+    before it reads them. Its output equals act_quant's kernel then the GEMM's run as separate executables
+    (nothing overlaps), bit for bit: alone, and as a chain of three layers in one jit (where XLA records a
+    command buffer), with the output memory poisoned before each run and every counter re-armed after."""
+    m, n, k, rank, dtype, act_format = case
+    key = jax.random.key(zlib.crc32(f"linear-{case}".encode()))
+    _, _, _, qweight, wscales, lora_up, alpha, bias = _make_inputs(
+        key, m=1, n=n, k=k, rank=rank, dtype=dtype, act_format=act_format)
+    kx, ks, kd = jax.random.split(jax.random.fold_in(key, 1), 3)
+    xs = jax.random.normal(kx, (3, m, k), jnp.float32)
+    xs = (jnp.abs(xs) if act_format == "uint4" else xs).astype(dtype)
+    smooth = jax.random.uniform(ks, (k,), jnp.float32, 0.5, 2.0)
+    lora_down = (jax.random.normal(kd, (k, rank)) / np.sqrt(k)).astype(dtype)
+    weights = (*_kernel_layouts(qweight, wscales), lora_up, alpha, bias)
+    quantize = jax.jit(functools.partial(ops.act_quant, act_format=act_format))
+    gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format=act_format))
+    apart = [np.asarray(gemm(*jax.block_until_ready(quantize(x, smooth, lora_down)), *weights)) for x in xs]
+    linear = functools.partial(ops.w4a4_linear, act_format=act_format)
+    one = jax.jit(linear)
+    chain = jax.jit(lambda xs: [linear(x, smooth, lora_down, *weights) for x in xs])
+    for _ in range(2):
+        _poison_output_memory((m, n), dtype)
+        np.testing.assert_array_equal(np.asarray(one(xs[0], smooth, lora_down, *weights)), apart[0])
+        _poison_output_memory((3, m, n), dtype)
+        for got, want in zip(chain(xs), apart):
+            np.testing.assert_array_equal(np.asarray(got), want)
+    assert np.isfinite(apart[0].astype(np.float32)).all()
+    assert _library.armed_arrival_counters() == 0

@@ -9,6 +9,8 @@
 // split over S CTAs (grid row blocks x S). With a low-rank branch each of them writes its fp32 LA partial
 // to the workspace and arrives at its row block's counter; the last one sums the S partials in split
 // order (deterministic) and writes LA. No thread-block cluster: 8-CTA clusters do not fit one wave on an H200.
+// Every CTA lets the next kernel start at once (griddepcontrol.launch_dependents): in the W4A4 linear the GEMM
+// follows with programmatic dependent launch and streams weights while this kernel runs (w4a4_gemm.cu).
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
@@ -606,6 +608,9 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
                    const __grid_constant__ Params p) {
   using Cfg = TileConfig<kBlockRows, kRankCap>;
   using F = Format<kFormat>;
+  // The W4A4 linear launches its GEMM right after this kernel with programmatic dependent launch: the GEMM
+  // streams its first weight stages while this kernel runs and waits for it before reading its outputs.
+  ptx::LaunchDependents();
   extern __shared__ __align__(128) uint8_t smem[];
   // The X tiles are 128-byte-swizzled TMA destinations: 1 KB-aligned (the plan's slack).
   const uint32_t smem_base = tma::SwizzledSharedBase(smem);

@@ -34,6 +34,10 @@ struct W4A4GemmSm90Args {
   void* workspace;
   int64_t workspace_bytes;
   int num_sms;
+  // Launched right after act_quant (which wrote q_x, s_x and la) in the same stream: programmatic dependent
+  // launch, so the weight stream starts while act_quant runs (not for expanded weights, whose expansion
+  // kernel runs in between).
+  bool after_act_quant = false;
 };
 
 // The shapes the kernel serves: n and k positive multiples of 128, rank a multiple of 16 in [0, 256],

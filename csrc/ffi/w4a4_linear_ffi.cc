@@ -1,0 +1,66 @@
+// XLA FFI handler of `jax_w4a4_w4a4_linear` (docs/layouts.md, w4a4_linear): the whole W4A4 layer in one
+// custom call, act_quant then the W4A4 GEMM on XLA's stream, each decoded and checked as in its own handler.
+// One call, so that the GEMM can be launched with programmatic dependent launch: it streams its first weight
+// stages while act_quant runs (w4a4_gemm.cu, ProduceMain). As two custom calls this overlap is lost: XLA
+// records each custom call of a command buffer as its own nested graph, and no programmatic edge joins two
+// of them (benchmarks/NOTES.md, sessions 29 and 44). Act_quant's outputs and both workspaces are results
+// that XLA allocates and the lowering drops, so the call needs no allocation and stays CUDA-graph safe.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string_view>
+
+#include "common/ffi_util.h"
+#include "ffi/handler_util.h"
+#include "ffi/w4a4_handlers.h"
+#include "kernels/sm90/act_quant.h"
+#include "kernels/sm90/w4a4_gemm.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_w4a4 {
+namespace {
+
+ffi::Error W4a4Linear(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smooth, ffi::AnyBuffer lora_down,
+                      ffi::AnyBuffer qweight, ffi::AnyBuffer wscales, ffi::AnyBuffer lora_up, ffi::AnyBuffer alpha,
+                      ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> q_x,
+                      ffi::Result<ffi::AnyBuffer> s_x, ffi::Result<ffi::AnyBuffer> la,
+                      ffi::Result<ffi::AnyBuffer> act_quant_workspace, ffi::Result<ffi::AnyBuffer> gemm_workspace,
+                      std::string_view act_format, int64_t num_sms) {
+  sm90::ActQuantArgs quantize;
+  JAX_W4A4_RETURN_IF_ERROR(ActQuantArgsFrom(x, smooth, lora_down, *q_x, *s_x, *la, *act_quant_workspace, act_format,
+                                            num_sms, quantize));
+  sm90::W4A4GemmSm90Args gemm;
+  JAX_W4A4_RETURN_IF_ERROR(W4a4GemmArgsFrom(*q_x, *s_x, *la, qweight, wscales, lora_up, alpha, bias, *y,
+                                            *gemm_workspace, act_format, num_sms, gemm));
+  if (gemm.m == 0) return ffi::Error::Success();
+  JAX_W4A4_RETURN_IF_ERROR(CudaStatus(sm90::LaunchActQuant(quantize, stream), "w4a4_linear act_quant launch"));
+  gemm.after_act_quant = true;
+  return CudaStatus(sm90::LaunchW4A4GemmSm90(gemm, stream), "w4a4_linear w4a4_gemm launch");
+}
+
+}  // namespace
+}  // namespace jax_w4a4
+
+// Exported (the library builds with hidden visibility).
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* JaxW4a4W4a4Linear(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxW4a4W4a4Linear, jax_w4a4::W4a4Linear,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // x
+                                  .Arg<xla::ffi::AnyBuffer>()  // smooth
+                                  .Arg<xla::ffi::AnyBuffer>()  // lora_down
+                                  .Arg<xla::ffi::AnyBuffer>()  // qweight
+                                  .Arg<xla::ffi::AnyBuffer>()  // wscales
+                                  .Arg<xla::ffi::AnyBuffer>()  // lora_up
+                                  .Arg<xla::ffi::AnyBuffer>()  // alpha
+                                  .Arg<xla::ffi::AnyBuffer>()  // bias
+                                  .Ret<xla::ffi::AnyBuffer>()  // y
+                                  .Ret<xla::ffi::AnyBuffer>()  // q_x (act_quant's codes)
+                                  .Ret<xla::ffi::AnyBuffer>()  // s_x (act_quant's scales)
+                                  .Ret<xla::ffi::AnyBuffer>()  // la
+                                  .Ret<xla::ffi::AnyBuffer>()  // act_quant workspace (uint8)
+                                  .Ret<xla::ffi::AnyBuffer>()  // w4a4_gemm workspace (uint8)
+                                  .Attr<std::string_view>("act_format")
+                                  .Attr<int64_t>("num_sms"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});  // no host sync, no allocation
