@@ -1,7 +1,7 @@
 // XLA FFI handler of `jax_w4a4_w4a4_linear` (docs/layouts.md, w4a4_linear): the whole W4A4 layer in one
 // custom call, act_quant then the W4A4 GEMM on XLA's stream, each decoded and checked as in its own handler.
-// One call, so that the GEMM can be launched with programmatic dependent launch: it streams its first weight
-// stages while act_quant runs (w4a4_gemm.cu, ProduceMain). As two custom calls this overlap is lost: XLA
+// One call, so that the GEMM can be launched with programmatic dependent launch: its CTAs start and set up
+// while act_quant runs (w4a4_gemm.cu, ProduceMain). As two custom calls this overlap is lost: XLA
 // records each custom call of a command buffer as its own nested graph, and no programmatic edge joins two
 // of them (benchmarks/NOTES.md, sessions 29 and 44). Act_quant's outputs and both workspaces are results
 // that XLA allocates and the lowering drops, so the call needs no allocation and stays CUDA-graph safe.

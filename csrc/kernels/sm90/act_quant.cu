@@ -10,7 +10,8 @@
 // to the workspace and arrives at its row block's counter; the last one sums the S partials in split
 // order (deterministic) and writes LA. No thread-block cluster: 8-CTA clusters do not fit one wave on an H200.
 // Every CTA lets the next kernel start at once (griddepcontrol.launch_dependents): in the W4A4 linear the GEMM
-// follows with programmatic dependent launch and streams weights while this kernel runs (w4a4_gemm.cu).
+// follows with programmatic dependent launch: its CTAs start on the SMs this kernel leaves free and set up
+// while it runs (w4a4_gemm.cu, ProduceMain).
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
@@ -609,7 +610,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   using Cfg = TileConfig<kBlockRows, kRankCap>;
   using F = Format<kFormat>;
   // The W4A4 linear launches its GEMM right after this kernel with programmatic dependent launch: the GEMM
-  // streams its first weight stages while this kernel runs and waits for it before reading its outputs.
+  // starts while this kernel runs and waits for it before its first copy.
   ptx::LaunchDependents();
   extern __shared__ __align__(128) uint8_t smem[];
   // The X tiles are 128-byte-swizzled TMA destinations: 1 KB-aligned (the plan's slack).

@@ -48,10 +48,10 @@
 //               weight is read once), one bulk copy of its stage-major weight scales (512 contiguous bytes,
 //               formats/svdq_layout.py), TMA of its half of the token tile (multicast), cp.async of the
 //               activation-scale rows (4 bytes per token and stage in act_quant's layout: TMA boxes need
-//               16-byte rows, so they go through cp.async with mbarrier completion). The first kStages
-//               stages' weights go out before griddepcontrol.wait, their tokens after it: the W4A4 linear
+//               16-byte rows, so they go through cp.async with mbarrier completion). The W4A4 linear
 //               (ffi/w4a4_linear_ffi.cc) launches this kernel with programmatic dependent launch while
-//               act_quant, which writes the tokens, still runs (ProduceMain)
+//               act_quant, which writes the tokens, still runs: the warp waits for it (griddepcontrol.wait)
+//               before its first copy (ProduceMain)
 //     warp 1    low-rank pipeline: TMA of the L_up chunk, its half of the LA chunk (multicast), α/β; it
 //               waits for act_quant (griddepcontrol.wait) first
 //     warps 2-3 convert the LA chunk fp32 -> output dtype into the swizzled wgmma B buffer
@@ -818,86 +818,65 @@ struct Barriers {
   __device__ __forceinline__ uint32_t LoraEmpty(int s) const { return At(Smem<C>::kLoraEmpty + s); }
 };
 
-// Warp 0: the main K pipeline. The weights never depend on the previous kernel; the tokens (q_x, s_x) are
-// act_quant's outputs. So the first kStages stages get their weights and weight scales first (pass 1), then
-// WaitForPreviousGrid, then their tokens and every later stage whole (pass 2): in the W4A4 linear, launched
-// with programmatic dependent launch right after act_quant, the weight stream starts while act_quant runs.
-// A stage's full barrier expects all of its bytes from the first arrive, so a stage is never complete
-// without its tokens. Outside such a launch the wait returns at once and only the issue order changes.
+// Warp 0: the main K pipeline. The tokens (q_x, s_x) are act_quant's outputs: in the W4A4 linear this kernel
+// runs with programmatic dependent launch while act_quant still runs, so the warp waits for act_quant first
+// (outside such a launch griddepcontrol.wait returns at once). Nothing is issued before the wait: issuing the
+// weights of the first kStages stages first (session 44) held back stage 0's tokens and cost the GEMM alone
+// 1-2 us at every decode size, and the linear up to 1.6 us (benchmarks/NOTES.md, session 45).
 template <class C>
 __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, const KernelParams& p, uint32_t smem,
                             Barriers<C> bar, uint32_t cta_rank, int lane) {
   using L = Smem<C>;
   const int scale_row_bytes = p.k / 32;  // activation scales: (k/64) x 16-bit or (k/128) x fp32 per token
   const uint64_t weight_policy = WeightL2Policy(p.m_tiles == 1);
-  // Lane 0: expect the stage's bytes, load its weight tile and its stage-major weight scales.
-  auto issue_weights = [&](int s, const Tile& tile, int ks, int halves) {
-    const uint32_t full = bar.Full(s);
-    MbarArriveExpectTx(full, (tile.valid ? C::kWeightBytes + C::kWeightScaleBytes : 0) + halves * C::kActHalfBytes);
-    if (!tile.valid) return;
-    const uint32_t weights = smem + L::kWeights + s * L::Stride(kObjWeights);
-    if constexpr (C::kExpandedWeights) {
-      // Expanded (n, k) e4m3: box (128 k, 128 rows), 128-byte swizzle; warpgroup w's rows at w x 8 KB.
-      tma::TmaLoad2dHint(tm_w, weights, full, ks * C::kTileK, tile.n0, weight_policy);
-    } else {
-      // Prepacked (k/64 blocks of 2048 B) x (n/64): box (2048 B, 2 groups, 2 warpgroups).
-      tma::TmaLoad3dHint(tm_w, weights, full, 0, 2 * ks, tile.n0 / 64, weight_policy);
-    }
-    // Stage-major scales: the tile's [column][group 0, group 1] rows of stage ks are contiguous.
-    BulkLoad(smem + L::kWeightScales + s * L::Stride(kObjWeightScales), p.wscales + (int64_t{ks} * p.n + tile.n0) * 4,
-             C::kWeightScaleBytes, full);
-  };
-  // Every lane: the stage's token half (lane 0) and activation-scale rows; then the lanes' 32 arrivals.
-  auto issue_tokens = [&](int s, const Tile& tile, int ks, int halves) {
-    const uint32_t full = bar.Full(s);
-    if (lane == 0 && static_cast<int>(cta_rank) < halves) {
-      const uint32_t dst = smem + L::kActivations + s * L::Stride(kObjActivations) + cta_rank * C::kActHalfBytes;
-      const int row = tile.m0 + static_cast<int>(cta_rank) * C::kHalfRows;
-      if constexpr (C::kCluster > 1) {
-        TmaLoad2dMulticast(tm_x, dst, full, ks * C::kTileK, row, (1u << C::kCluster) - 1);
-      } else {
-        TmaLoad2d(tm_x, dst, full, ks * C::kTileK, row);
-      }
-    }
-    // Activation scale rows, 4 bytes per token and stage ([token][2 x 16-bit | fp32]), from the (m, k/64)
-    // or (m, k/128) layout act_quant writes. A rolled loop: few live registers in the 40-register producer.
-    const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + C::kActScalePitch * lane;
-    const uint8_t* xscale_src = p.s_x + int64_t{tile.m0 + lane} * scale_row_bytes + 4 * ks;
-#pragma unroll 1
-    for (int r = lane; r < C::kTileM; r += 32, xscale_src += 32 * scale_row_bytes) {
-      const bool in = tile.m0 + r < p.m;  // rows past M read nothing and land as zeros
-      CpAsync4(xscale_dst + C::kActScalePitch * (r - lane), in ? xscale_src : p.s_x, in ? 4 : 0);
-    }
-    CpAsyncArriveNoinc(full);
-  };
-  int weights_ahead = 0;  // pass 1: stages whose weights are issued before the wait
-  {
-    PipeState<C::kStages> state;
-    Segment seg;
-    for (bool more = FirstSegment<C>(p, seg); more && weights_ahead < C::kStages; more = NextSegment<C>(p, seg)) {
-      const Tile tile = TileAt<C>(seg.ct, p, cta_rank);
-      const int halves = TokenHalvesInBounds<C>(tile, p);
-      for (int ks = seg.ks_begin; ks < seg.ks_end && weights_ahead < C::kStages; ++ks, ++weights_ahead) {
-        if (lane == 0) issue_weights(state.index, tile, ks, halves);  // fresh stages: nothing to wait for
-        state.Advance();
-      }
-    }
-  }
   ptx::WaitForPreviousGrid();
   PipeState<C::kStages> state;
   Segment seg;
   for (bool more = FirstSegment<C>(p, seg); more; more = NextSegment<C>(p, seg)) {
     const Tile tile = TileAt<C>(seg.ct, p, cta_rank);
     const int halves = TokenHalvesInBounds<C>(tile, p);
+    const bool issue_half = static_cast<int>(cta_rank) < halves;
+    const uint32_t tx = (tile.valid ? C::kWeightBytes + C::kWeightScaleBytes : 0) + halves * C::kActHalfBytes;
+    const uint8_t* xscale_rows = p.s_x + int64_t{tile.m0 + lane} * scale_row_bytes;
     for (int ks = seg.ks_begin; ks < seg.ks_end; ++ks) {
       const int s = state.index;
-      if (weights_ahead > 0) {
-        --weights_ahead;
-      } else {
-        MbarWait(bar.Empty(s), state.phase ^ 1);
-        if (lane == 0) issue_weights(s, tile, ks, halves);
+      MbarWait(bar.Empty(s), state.phase ^ 1);
+      const uint32_t full = bar.Full(s);
+      if (lane == 0) {
+        MbarArriveExpectTx(full, tx);
+        if (tile.valid) {
+          const uint32_t weights = smem + L::kWeights + s * L::Stride(kObjWeights);
+          if constexpr (C::kExpandedWeights) {
+            // Expanded (n, k) e4m3: box (128 k, 128 rows), 128-byte swizzle; warpgroup w's rows at w x 8 KB.
+            tma::TmaLoad2dHint(tm_w, weights, full, ks * C::kTileK, tile.n0, weight_policy);
+          } else {
+            // Prepacked (k/64 blocks of 2048 B) x (n/64): box (2048 B, 2 groups, 2 warpgroups).
+            tma::TmaLoad3dHint(tm_w, weights, full, 0, 2 * ks, tile.n0 / 64, weight_policy);
+          }
+          // Stage-major scales: the tile's [column][group 0, group 1] rows of stage ks are contiguous.
+          BulkLoad(smem + L::kWeightScales + s * L::Stride(kObjWeightScales),
+                   p.wscales + (int64_t{ks} * p.n + tile.n0) * 4, C::kWeightScaleBytes, full);
+        }
+        if (issue_half) {
+          const uint32_t dst = smem + L::kActivations + s * L::Stride(kObjActivations) + cta_rank * C::kActHalfBytes;
+          const int row = tile.m0 + static_cast<int>(cta_rank) * C::kHalfRows;
+          if constexpr (C::kCluster > 1) {
+            TmaLoad2dMulticast(tm_x, dst, full, ks * C::kTileK, row, (1u << C::kCluster) - 1);
+          } else {
+            TmaLoad2d(tm_x, dst, full, ks * C::kTileK, row);
+          }
+        }
       }
-      issue_tokens(s, tile, ks, halves);
+      // Activation scale rows, 4 bytes per token and stage ([token][2 x 16-bit | fp32]), from the (m, k/64)
+      // or (m, k/128) layout act_quant writes. A rolled loop: few live registers in the 40-register producer.
+      const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + C::kActScalePitch * lane;
+      const uint8_t* xscale_src = xscale_rows + 4 * ks;
+#pragma unroll 1
+      for (int r = lane; r < C::kTileM; r += 32, xscale_src += 32 * scale_row_bytes) {
+        const bool in = tile.m0 + r < p.m;  // rows past M read nothing and land as zeros
+        CpAsync4(xscale_dst + C::kActScalePitch * (r - lane), in ? xscale_src : p.s_x, in ? 4 : 0);
+      }
+      CpAsyncArriveNoinc(full);
       state.Advance();
     }
   }

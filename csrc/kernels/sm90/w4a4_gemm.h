@@ -35,7 +35,7 @@ struct W4A4GemmSm90Args {
   int64_t workspace_bytes;
   int num_sms;
   // Launched right after act_quant (which wrote q_x, s_x and la) in the same stream: programmatic dependent
-  // launch, so the weight stream starts while act_quant runs (not for expanded weights, whose expansion
+  // launch, so the CTAs start and set up while act_quant runs (not for expanded weights, whose expansion
   // kernel runs in between).
   bool after_act_quant = false;
 };
