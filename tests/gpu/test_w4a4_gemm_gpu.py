@@ -220,9 +220,10 @@ LINEAR_CASES = [
 @pytest.mark.parametrize("case", LINEAR_CASES, ids=[_case_id((*c[:4], False, *c[4:])) for c in LINEAR_CASES])
 def test_w4a4_linear_overlapped_equals_the_two_ops_apart(case):
     """ops.w4a4_linear launches act_quant and the GEMM in one FFI call, the GEMM with programmatic dependent
-    launch: it starts while act_quant runs and must wait for act_quant's outputs before it reads them. Its output equals act_quant's kernel then the GEMM's run as separate executables
-    (nothing overlaps), bit for bit: alone, and as a chain of three layers in one jit (where XLA records a
-    command buffer), with the output memory poisoned before each run and every counter re-armed after."""
+    launch: it starts while act_quant runs and must wait for act_quant's outputs before it reads them. Its
+    output equals act_quant's kernel then the GEMM's run as separate executables (nothing overlaps), bit for
+    bit: alone, and as a chain of three layers in one jit (where XLA records a command buffer), with the
+    output memory poisoned before each run and every counter re-armed after."""
     m, n, k, rank, dtype, act_format = case
     key = jax.random.key(zlib.crc32(f"linear-{case}".encode()))
     _, _, _, qweight, wscales, lora_up, alpha, bias = _make_inputs(
