@@ -10,8 +10,8 @@ move, and the same ratios. Floors to aim for: >= 1.3x cuBLAS bf16 at 8192^3 (~10
 (2.5x bf16) at M <= 16 on 28672 x 8192.
 
 Both tables also time the whole W4A4 linear a user runs (`jax_w4a4.linear`, i.e. `ops.w4a4_linear`: act_quant
-of the bf16 input, then the GEMM, launched by one FFI call so that the GEMM streams its first weight stages
-while act_quant runs) and its ratio to torch cuBLAS bf16 (or jnp.dot bf16 without torch).
+of the bf16 input, then the GEMM, launched by one FFI call so that the GEMM's CTAs start and set up while
+act_quant runs) and its ratio to torch cuBLAS bf16 (or jnp.dot bf16 without torch).
 
 Timing: one jitted function runs R calls, each on its own activation copy (so XLA cannot merge them) and
 cycling over enough weight copies that the weights are not L2-resident across calls; the per-call time is

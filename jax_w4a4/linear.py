@@ -28,7 +28,7 @@ def linear(x: jax.Array, weights: QuantizedWeights) -> jax.Array:
     """Applies a quantized linear layer: ``(..., K) -> (..., N)`` in x's dtype.
 
     W4A4 / W4A8 weights run the fused activation quantization then the W4A4 GEMM with the low-rank
-    branch (one op, :func:`jax_w4a4.ops.w4a4_linear`: on the GPU the GEMM overlaps the quantization);
+    branch (one op, :func:`jax_w4a4.ops.w4a4_linear`: on the GPU the GEMM starts while the quantization runs);
     W4A16 weights run the weight-only GEMM. On a GPU these are the CUDA kernels, elsewhere the
     reference math. SVDQuantWeights hold the weight zero-padded to the kernel's multiples of 128:
     ``x`` gets zero columns up to the padded K and the output is cut back to the logical N, on every

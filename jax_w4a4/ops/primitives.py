@@ -9,7 +9,7 @@ batching rule maps vmap onto the leading dims of the activations (or onto a loop
 the weights themselves are batched). Operand order and layouts: ``docs/layouts.md``.
 
 ``w4a4_linear`` is ``act_quant`` then ``w4a4_gemm`` as one primitive, what :func:`jax_w4a4.linear` runs:
-one FFI call launches both kernels, so that the GEMM overlaps act_quant (programmatic dependent launch).
+one FFI call launches both kernels, so that the GEMM starts while act_quant runs (programmatic dependent launch).
 Over several devices it lowers as the two ops, which partition themselves.
 """
 
