@@ -12,8 +12,10 @@
 # buffer overrunning into its neighbour in the pool (XLA_PYTHON_CLIENT_ALLOCATOR=platform gives every buffer
 # its own cudaMalloc and bounds). compute-sanitizer 2025.3.1 itself crashes at times (SIGSEGV, no report, at
 # varying tests of varying groups: session 17 in benchmarks/NOTES.md), so a crashed group says nothing either
-# way; rerun it. Exit status: non-zero if a tool reported an error, a test failed or the sanitizer crashed (139).
-# Logs in $OUT (or /tmp/sanitize).
+# way; rerun it. racecheck reports hazards on w4a4_gemm's scale copies against the consumers' loads: a
+# pattern the tool does not follow (a warp's loads released by one lane after __syncwarp), which
+# benchmarks/racecheck_probe.cu reproduces in miniature on correct code (session 46). Exit status: non-zero
+# if a tool reported an error, a test failed or the sanitizer crashed (139). Logs in $OUT (or /tmp/sanitize).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

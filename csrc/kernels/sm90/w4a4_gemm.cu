@@ -124,7 +124,9 @@
 //     our 33 arrivals are missing.
 //   consumers (both warpgroups): wait full[s] (parity ph); LDS weights and scales, wgmma on the tokens;
 //     after the stage's last unit is retired (wait_group) and promoted, each of the 8 consumer warps
-//     arrives once on empty[s] of every CTA of the cluster.
+//     arrives once on empty[s] of every CTA of the cluster (__syncwarp, then one lane per CTA). racecheck
+//     reports the lanes' scale loads against the stage's next copies as hazards: it does not carry a lane's
+//     load through __syncwarp to another lane's arrive (benchmarks/racecheck_probe.cu, session 46).
 //   empty[s] (count 8 x kCluster): completes phase ph when both CTAs' consumers are done with s; only
 //     then may either CTA's producer write s again (its own copy or, by multicast, the peer's).
 // Life of low-rank stage s: warp 1 waits lr_empty[s] (parity ph^1), arrive.expect_tx(lr_full[s]) [count
