@@ -60,10 +60,8 @@ __global__ void Pipeline(const float* src, float* out, Copy copy, Release releas
           BulkLoad(dst, round_src, kStageFloats * 4, full);
         }
       } else {
-        for (int i = lane; i < kStageFloats; i += 32) {
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst + 4 * i), "l"(round_src + i) : "memory");
-        }
-        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(full) : "memory");
+        for (int i = lane; i < kStageFloats; i += 32) CpAsync4(dst + 4 * i, round_src + i, 4);
+        CpAsyncArriveNoinc(full);
       }
     } else {
       const int index = (threadIdx.x * 7 + r) % kStageFloats;

@@ -93,6 +93,17 @@ __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t
                : "memory");
 }
 
+// 4-byte cp.async; src_bytes = 0 fills zeros (out-of-bounds rows). Rows of fewer than 16 bytes, which TMA
+// boxes and bulk copies cannot take; their completion reaches a barrier through CpAsyncArriveNoinc.
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// Arrives on `bar` once all of this thread's prior cp.async have landed (counts as one arrival).
+__device__ __forceinline__ void CpAsyncArriveNoinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 // -------------------------------------------------------------------------------------------- host
 
 using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;

@@ -210,6 +210,8 @@ namespace {
 using budget::Lifetime;
 using budget::Sharing;
 using tma::BulkLoad;
+using tma::CpAsync4;
+using tma::CpAsyncArriveNoinc;
 using tma::EncodeTiled;
 using tma::MapAddr;
 using tma::MbarArrive;
@@ -484,16 +486,6 @@ __device__ __forceinline__ void TmaStore2d(const CUtensorMap& map, uint32_t src,
 __device__ __forceinline__ void BulkCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void BulkWaitRead0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 __device__ __forceinline__ void BulkWait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
-// 4-byte cp.async; src_bytes = 0 fills zeros (out-of-bounds rows).
-__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-// Arrives on `bar` once all of this thread's prior cp.async have landed (counts as one arrival).
-__device__ __forceinline__ void CpAsyncArriveNoinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
 
 __device__ __forceinline__ void NamedBarrierSync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
