@@ -1,7 +1,8 @@
 // XLA FFI handler of `jax_w4a4_w4a4_linear` (docs/layouts.md, w4a4_linear): the whole W4A4 layer in one
 // custom call, act_quant then the W4A4 GEMM on XLA's stream, each decoded and checked as in its own handler.
 // One call, so that the GEMM can be launched with programmatic dependent launch: its CTAs start and set up
-// while act_quant runs (w4a4_gemm.cu, ProduceMain). As two custom calls this overlap is lost: XLA
+// while act_quant runs, and load the tokens once act_quant's CTAs have stored them, before its LA split sum
+// ends (w4a4_gemm.cu, WaitForTokens). As two custom calls this overlap is lost: XLA
 // records each custom call of a command buffer as its own nested graph, and no programmatic edge joins two
 // of them (benchmarks/NOTES.md, sessions 29 and 44). Act_quant's outputs and both workspaces are results
 // that XLA allocates and the lowering drops, so the call needs no allocation and stays CUDA-graph safe.
@@ -14,6 +15,7 @@
 #include "ffi/handler_util.h"
 #include "ffi/w4a4_handlers.h"
 #include "kernels/sm90/act_quant.h"
+#include "kernels/sm90/act_quant_plan.h"
 #include "kernels/sm90/w4a4_gemm.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -33,9 +35,17 @@ ffi::Error W4a4Linear(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smoo
   JAX_W4A4_RETURN_IF_ERROR(W4a4GemmArgsFrom(*q_x, *s_x, *la, qweight, wscales, lora_up, alpha, bias, *y,
                                             *gemm_workspace, act_format, num_sms, gemm));
   if (gemm.m == 0) return ffi::Error::Success();
+  cudaError_t counter_status = cudaSuccess;
+  quantize.tokens_ready = sm90::W4A4GemmTokensReadyCounter(counter_status);
+  JAX_W4A4_RETURN_IF_ERROR(CudaStatus(counter_status, "w4a4_linear token-ready counter"));
+  const sm90::ActQuantLaunch plan = sm90::PlanActQuantLaunch(quantize.rows, quantize.k, quantize.rank, quantize.num_sms);
+  gemm.act_quant_ctas = static_cast<uint32_t>(plan.row_blocks * plan.k_splits);
   JAX_W4A4_RETURN_IF_ERROR(CudaStatus(sm90::LaunchActQuant(quantize, stream), "w4a4_linear act_quant launch"));
   gemm.after_act_quant = true;
-  return CudaStatus(sm90::LaunchW4A4GemmSm90(gemm, stream), "w4a4_linear w4a4_gemm launch");
+  const cudaError_t gemm_status = sm90::LaunchW4A4GemmSm90(gemm, stream);
+  // Without the GEMM nobody takes act_quant's arrivals: re-arm the counter after act_quant, in stream order.
+  if (gemm_status != cudaSuccess) cudaMemsetAsync(quantize.tokens_ready, 0, sizeof(uint32_t), stream);
+  return CudaStatus(gemm_status, "w4a4_linear w4a4_gemm launch");
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 // order (deterministic) and writes LA. No thread-block cluster: 8-CTA clusters do not fit one wave on an H200.
 // Every CTA lets the next kernel start at once (griddepcontrol.launch_dependents): in the W4A4 linear the GEMM
 // follows with programmatic dependent launch: its CTAs start on the SMs this kernel leaves free and set up
-// while it runs (w4a4_gemm.cu, ProduceMain).
+// while it runs, and each CTA of this kernel arrives at the linear's token-ready counter once its codes and
+// scales are stored, so the GEMM loads them while the LA split sum still runs (w4a4_gemm.cu, WaitForTokens).
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
@@ -204,6 +205,7 @@ struct Params {
   int rank;
   int num_chunks;
   int k_splits;
+  uint32_t* tokens_ready;  // ActQuantArgs::tokens_ready
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------------
@@ -814,6 +816,12 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
     full_phase ^= slot == 0;
   }
 
+  // The W4A4 linear's GEMM loads the codes and scales once every CTA has arrived here, before the LA sum.
+  if (p.tokens_ready != nullptr) {
+    __syncthreads();  // the CTA's stores, before thread 0's release (cumulative through bar.sync)
+    if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.tokens_ready) : "memory");
+  }
+
   // ---- epilogue: LA ----
   if constexpr (kRankCap > 0) {
     const bool split_k = p.k_splits > 1;
@@ -968,6 +976,7 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   params.rank = static_cast<int>(args.rank);
   params.num_chunks = static_cast<int>((args.k + kChunkK - 1) / kChunkK);
   params.k_splits = launch.k_splits;
+  params.tokens_ready = args.tokens_ready;
   if (launch.workspace_bytes > 0) {
     params.la_partials = static_cast<float*>(args.workspace);
   }

@@ -26,6 +26,9 @@ struct ActQuantArgs {
   int64_t k;
   int64_t rank;
   int num_sms;            // the SM count the launch is planned for (the one the workspace was sized with)
+  // The W4A4 linear: every CTA adds 1 to this counter (release, GPU scope) once its codes and scales are
+  // stored; the GEMM launched next waits for all of them and re-arms it (w4a4_gemm.h, act_quant_ctas).
+  uint32_t* tokens_ready = nullptr;
   HalfType dtype;
   ActFormat format;
 };

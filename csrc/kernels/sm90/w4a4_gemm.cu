@@ -50,10 +50,11 @@
 //               activation-scale rows (4 bytes per token and stage in act_quant's layout: TMA boxes need
 //               16-byte rows, so they go through cp.async with mbarrier completion). The W4A4 linear
 //               (ffi/w4a4_linear_ffi.cc) launches this kernel with programmatic dependent launch while
-//               act_quant, which writes the tokens, still runs: the warp waits for it (griddepcontrol.wait)
-//               before its first copy (ProduceMain)
+//               act_quant, which writes the tokens, still runs: the warp waits for act_quant's CTAs to
+//               arrive at the token-ready counter before its first copy (WaitForTokens)
 //     warp 1    low-rank pipeline: TMA of the L_up chunk, its half of the LA chunk (multicast), α/β; it
-//               waits for act_quant (griddepcontrol.wait) first
+//               waits for act_quant's end (griddepcontrol.wait) first: LA is its split sum's result; in the
+//               linear it then re-arms the token-ready counter (RearmTokens)
 //     warps 2-3 convert the LA chunk fp32 -> output dtype into the swizzled wgmma B buffer
 //   warpgroups 1-2, consumers, setmaxnreg.inc 232 (96 with two CTAs per SM: ConsumerRegisters): 64
 //     output columns each; the main loop, α, the
@@ -446,6 +447,7 @@ struct KernelParams {
   // the grid; 0 runs whole tiles in rounds.
   int iterations;    // iterations x gridDim.x < 2^31 (W4A4UsesStreamK)
   float4* partials;  // per CTA and consumer warpgroup: the fp32 partial of the CTA's leading segment
+  uint32_t act_quant_ctas;  // W4A4GemmSm90Args::act_quant_ctas (WaitForTokens)
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -812,9 +814,50 @@ struct Barriers {
   __device__ __forceinline__ uint32_t LoraEmpty(int s) const { return At(Smem<C>::kLoraEmpty + s); }
 };
 
-// Warp 0: the main K pipeline. The tokens (q_x, s_x) are act_quant's outputs: in the W4A4 linear this kernel
-// runs with programmatic dependent launch while act_quant still runs, so the warp waits for act_quant first
-// (outside such a launch griddepcontrol.wait returns at once). Nothing is issued before the wait: issuing the
+// The tokens (q_x, s_x) are act_quant's outputs. In the W4A4 linear (p.act_quant_ctas > 0) this kernel runs
+// with programmatic dependent launch while act_quant still runs, and the main producer waits for all of
+// act_quant's CTAs to arrive at the token-ready counter (each once its codes and scales are stored), not for
+// act_quant's end: its LA split sum, which only the low-rank producer needs, ends ~1.5 us later at decode
+// (benchmarks/NOTES.md, session 47). Lane 0 polls with acquire loads (one poller a CTA: the arrivals go to one
+// L2 line); __syncwarp carries its acquire to the lanes whose cp.async read the scales, and the TMA reads the
+// codes through the async proxy, so it also fences the proxies. Then the warp arrives at the handoff barrier,
+// where the low-rank producer re-arms the counters (RearmTokens). Outside the linear: griddepcontrol.wait, which
+// returns at once without a programmatic launch.
+constexpr uint32_t kHandoffBarrier = 3;  // named barrier of producer warps 0 and 1 (1 and 2: the consumers')
+
+__device__ __forceinline__ void WaitForTokens(const KernelParams& p, int lane) {
+  if (p.act_quant_ctas == 0) {
+    ptx::WaitForPreviousGrid();
+    return;
+  }
+  if (lane == 0) {
+    const uint32_t* ready = g_arrival_counters + kW4A4TokensReadyCounter;
+    uint32_t arrived;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(arrived) : "l"(ready) : "memory");
+    } while (arrived < p.act_quant_ctas);
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+  }
+  __syncwarp();
+  asm volatile("bar.arrive %0, 64;" ::"n"(kHandoffBarrier) : "memory");
+}
+
+// Warp 1, once its CTA's main producer has passed WaitForTokens (the handoff barrier): the last of the grid's
+// CTAs to get here re-arms both handoff counters (common/arrival_counters.h); every main producer has
+// read the ready counter for the last time by then, and the next act_quant starts after this kernel ends.
+// Not in warp 0: the re-arm atomic's round trip on the tokens' path made session 45's form release the GEMM's
+// last CTAs up to 2 us later, and code after warp 0's loop changed the schedule of the whole kernel (the
+// GEMM alone 2-3% slower at 1 and 64 tokens; benchmarks/NOTES.md, session 47).
+__device__ __forceinline__ void RearmTokens(const KernelParams& p, int lane) {
+  if (p.act_quant_ctas == 0) return;
+  asm volatile("bar.sync %0, 64;" ::"n"(kHandoffBarrier) : "memory");
+  if (lane == 0 && atomicAdd(g_arrival_counters + kW4A4TokensTakenCounter, 1u) == gridDim.x - 1) {
+    g_arrival_counters[kW4A4TokensReadyCounter] = 0;
+    g_arrival_counters[kW4A4TokensTakenCounter] = 0;
+  }
+}
+
+// Warp 0: the main K pipeline. Nothing is issued before the tokens are ready (WaitForTokens): issuing the
 // weights of the first kStages stages first (session 44) held back stage 0's tokens and cost the GEMM alone
 // 1-2 us at every decode size, and the linear up to 1.6 us (benchmarks/NOTES.md, session 45).
 template <class C>
@@ -823,7 +866,7 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
   using L = Smem<C>;
   const int scale_row_bytes = p.k / 32;  // activation scales: (k/64) x 16-bit or (k/128) x fp32 per token
   const uint64_t weight_policy = WeightL2Policy(p.m_tiles == 1);
-  ptx::WaitForPreviousGrid();
+  WaitForTokens(p, lane);
   PipeState<C::kStages> state;
   Segment seg;
   for (bool more = FirstSegment<C>(p, seg); more; more = NextSegment<C>(p, seg)) {
@@ -882,7 +925,8 @@ __device__ void ProduceLowRank(const CUtensorMap& tm_up, const CUtensorMap& tm_l
                                uint32_t smem, Barriers<C> bar, uint32_t cta_rank, int lane) {
   using L = Smem<C>;
   const int items = LoraItems(p.rank, C::kLoraChunk);
-  ptx::WaitForPreviousGrid();  // LA is act_quant's output (ProduceMain)
+  ptx::WaitForPreviousGrid();  // LA is act_quant's output, from its split sum (ProduceMain)
+  RearmTokens(p, lane);
   PipeState<C::kLoraStages> state;
   Segment seg;
   for (bool more = FirstSegment<C>(p, seg); more; more = NextSegment<C>(p, seg)) {
@@ -1557,6 +1601,7 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
     }
   }
   config.gridDim = dim3(clusters * C::kCluster);
+  p.act_quant_ctas = args.act_quant_ctas;
   config.numAttrs = args.after_act_quant && !C::kExpandedWeights ? 2 : 1;
   return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_la, tm_up, tm_y, p);
 }
@@ -1619,5 +1664,11 @@ cudaError_t LaunchW4A4GemmSm90(const W4A4GemmSm90Args& args, cudaStream_t stream
 }
 
 int64_t W4A4GemmArmedCounters() { return ArmedArrivalCounters(); }
+
+uint32_t* W4A4GemmTokensReadyCounter(cudaError_t& status) {
+  void* pool = nullptr;
+  status = cudaGetSymbolAddress(&pool, g_arrival_counters);
+  return status == cudaSuccess ? static_cast<uint32_t*>(pool) + kW4A4TokensReadyCounter : nullptr;
+}
 
 }  // namespace jax_w4a4::sm90

@@ -38,6 +38,10 @@ struct W4A4GemmSm90Args {
   // launch, so the CTAs start and set up while act_quant runs (not for expanded weights, whose expansion
   // kernel runs in between).
   bool after_act_quant = false;
+  // In the W4A4 linear: act_quant's CTA count. Each of them arrives at W4A4GemmTokensReadyCounter() once its
+  // codes and scales are stored (ActQuantArgs::tokens_ready), and the GEMM loads the tokens when all have,
+  // not when act_quant ends; its last CTA re-arms the counter. 0: the tokens are ready when act_quant ends.
+  uint32_t act_quant_ctas = 0;
 };
 
 // The shapes the kernel serves: n and k positive multiples of 128, rank a multiple of 16 in [0, 256],
@@ -53,5 +57,9 @@ cudaError_t LaunchW4A4GemmSm90(const W4A4GemmSm90Args& args, cudaStream_t stream
 // The nonzero counters of this kernel's arrival-counter pool (common/arrival_counters.h: every launch
 // must leave them at 0), or -1 when unreadable. Synchronizes the current device; for tests.
 int64_t W4A4GemmArmedCounters();
+
+// The token-ready counter of this kernel's pool on the current device (act_quant_ctas above), or nullptr with
+// the CUDA error in `status`.
+uint32_t* W4A4GemmTokensReadyCounter(cudaError_t& status);
 
 }  // namespace jax_w4a4::sm90

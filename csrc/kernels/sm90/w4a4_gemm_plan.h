@@ -239,14 +239,19 @@ constexpr int64_t W4A4StreamKWorkspaceBytes(int tile_m, int64_t ctas) {
   return ctas * int64_t{kW4A4Shapes[0].tile_n} * tile_m * 4;
 }
 
+// The W4A4 linear's token handoff (w4a4_gemm.cu, WaitForTokens): act_quant's CTAs count on the ready counter,
+// the GEMM's CTAs on the taken counter, the last of them re-arms both. The last two counters of the pool.
+inline constexpr int64_t kW4A4TokensReadyCounter = kArrivalCounters - 2;
+inline constexpr int64_t kW4A4TokensTakenCounter = kArrivalCounters - 1;
+
 // The flags of every CTA the GPU holds at once fit the pool for every num_sms the handlers accept.
 constexpr bool W4A4FlagsFitPool() {
   for (const W4A4Shape& s : kW4A4Shapes) {
-    if (2 * int64_t{kMaxNumSms} * W4A4CtasPerSm(s) > kArrivalCounters) return false;
+    if (2 * int64_t{kMaxNumSms} * W4A4CtasPerSm(s) > kW4A4TokensReadyCounter) return false;
   }
   return true;
 }
-static_assert(W4A4FlagsFitPool(), "w4a4's stream-K flags must fit the pool");
+static_assert(W4A4FlagsFitPool(), "w4a4's stream-K flags must fit the pool below the token-handoff counters");
 
 // Workspace bytes of one launch planned for num_sms SMs, for the instance's CTAs per SM: the expanded
 // weights, or the stream-K partials, or 0. The FFI lowering sizes the op's workspace result with it
