@@ -493,7 +493,8 @@ __device__ __forceinline__ void NamedBarrierSync(uint32_t id, uint32_t threads) 
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Stream-K flags: GPU-scope release/acquire (the partial's stores, ordered by a barrier, happen before the flag).
+// Stream-K flags: GPU-scope release/acquire (the partial's stores, ordered by a barrier, happen before the flag);
+// LoadAcquire also reads the linear's token-ready counter (WaitForTokens).
 __device__ __forceinline__ void StoreRelease(uint32_t* flag, uint32_t value) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 }
@@ -823,7 +824,9 @@ struct Barriers {
 // codes through the async proxy, so it also fences the proxies. Then the warp arrives at the handoff barrier,
 // where the low-rank producer re-arms the counters (RearmTokens). Outside the linear: griddepcontrol.wait, which
 // returns at once without a programmatic launch.
-constexpr uint32_t kHandoffBarrier = 3;  // named barrier of producer warps 0 and 1 (1 and 2: the consumers')
+// Named barrier of producer warps 0 and 1 (1 and 2: the consumers'), used with an immediate id: NamedBarrierSync's
+// register form compiles to other SASS here, and only this form was timed (session 47).
+constexpr uint32_t kHandoffBarrier = 3;
 
 __device__ __forceinline__ void WaitForTokens(const KernelParams& p, int lane) {
   if (p.act_quant_ctas == 0) {
@@ -831,11 +834,8 @@ __device__ __forceinline__ void WaitForTokens(const KernelParams& p, int lane) {
     return;
   }
   if (lane == 0) {
-    const uint32_t* ready = g_arrival_counters + kW4A4TokensReadyCounter;
-    uint32_t arrived;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(arrived) : "l"(ready) : "memory");
-    } while (arrived < p.act_quant_ctas);
+    while (LoadAcquire(g_arrival_counters + kW4A4TokensReadyCounter) < p.act_quant_ctas) {
+    }
     asm volatile("fence.proxy.async.global;" ::: "memory");
   }
   __syncwarp();
