@@ -345,8 +345,7 @@ def w4a4_linear(
     Same operands, layouts and result as the two ops in sequence, bit for bit. On the GPU both kernels are
     launched by one call, the GEMM with programmatic dependent launch: its CTAs start and set up while
     act_quant runs, then load its codes as soon as they are stored, before its low-rank sum ends (two custom
-    calls cannot overlap inside XLA's command buffers). Over
-    several devices it lowers as the two ops.
+    calls cannot overlap inside XLA's command buffers). Over several devices it lowers as the two ops.
     """
     alpha = _empty(jnp.float32) if alpha is None else alpha
     bias = _empty(wscales.dtype) if bias is None else bias
