@@ -130,22 +130,22 @@ def test_stage_bytes_follow_the_tile():
 
 @pytest.mark.parametrize("tile_m,cluster", [(8, 1), (16, 1), (32, 1), (64, 2), (128, 2)])
 def test_activation_scales_are_16_byte_records(tile_m, cluster):
-    """Each token owns a 16-byte record per stage: its 4-byte scale word first; in decode tiles the stage's two
-    fp32 code sums at bytes 8-15, in prefill tiles zeros, so that the records are the K-major B rows of the scale
-    wgmma. Each CTA holds the whole tile's records, a multicast object's footprint."""
+    """Each token owns 16 bytes per stage: in decode tiles the stage's two 8-byte promotion records (fp32 scale,
+    fp32 offset term), in prefill tiles its 4-byte scale word then zeros, so that the 16 bytes are the K-major B
+    row of the scale wgmma. Each CTA holds the whole tile's records, a multicast object's footprint."""
     scales = budget.w4a4_plan(128, tile_m, cluster).object("activation scales")
     assert scales.bytes == tile_m * 16
     assert scales.footprint == scales.stages * max(scales.bytes, 128)
 
 
 @pytest.mark.parametrize("m", [1, 7, 16, 20, 32])
-def test_decode_workspace_holds_the_code_sums(m):
-    """Decode tiles cancel their weights' offset with each token's code sums, m x k/64 fp32 in the workspace after
-    the stream-K partials (256-byte aligned); prefill tiles hold none."""
-    assert budget.w4a4_workspace_bytes(m, 128, 256, num_sms=132) == m * 4 * 4  # one column tile: no stream-K
-    sums = m * (8192 // 64) * 4
+def test_decode_workspace_holds_the_promotion_records(m):
+    """Decode tiles cancel their weights' offset with each token's promotion records, m x k/64 x 8 bytes in the
+    workspace after the stream-K partials (256-byte aligned); prefill tiles hold none."""
+    assert budget.w4a4_workspace_bytes(m, 128, 256, num_sms=132) == m * 4 * 8  # one column tile: no stream-K
+    records = m * (8192 // 64) * 8
     with_partials = budget.w4a4_workspace_bytes(m, 28672, 8192, num_sms=132)  # 224 tiles on 132 x 2 or 132 CTAs
-    assert with_partials > sums and (with_partials - sums) % 256 == 0
+    assert with_partials > records and (with_partials - records) % 256 == 0
     assert budget.w4a4_workspace_bytes(64, 128, 256, num_sms=132) == 0
 
 
@@ -738,24 +738,24 @@ def test_w4a4_stream_k_workspace_follows_the_launch_plan():
     """Decode launches whose column tiles do not divide over the SMs deal (tile, k-stage) iterations over
     the CTAs (stream-K): their workspace is one fp32 partial tile (128 columns x the token tile) per CTA
     (the flags that publish them are arrival counters, csrc/common/arrival_counters.h), then (decode tiles,
-    up to 32 tokens) the tokens' code sums, m x k/64 fp32. Other launches need none."""
-    def sums(m, k):
-        return m * (k // 64) * 4
+    up to 32 tokens) the tokens' promotion records, m x k/64 x 8 bytes. Other launches need none."""
+    def records(m, k):
+        return m * (k // 64) * 8
 
     # Up to 16 tokens two CTAs per SM (264 CTAs); 32 and 64 tokens: 132 CTAs.
     # 1 x 28672 x 8192: 8-token tile, 224 column tiles on 264 CTAs.
-    assert budget.w4a4_workspace_bytes(1, 28672, 8192, num_sms=132) == 264 * 128 * 8 * 4 + sums(1, 8192)
-    assert budget.w4a4_workspace_bytes(16, 28672, 8192, num_sms=132) == 264 * 128 * 16 * 4 + sums(16, 8192)
+    assert budget.w4a4_workspace_bytes(1, 28672, 8192, num_sms=132) == 264 * 128 * 8 * 4 + records(1, 8192)
+    assert budget.w4a4_workspace_bytes(16, 28672, 8192, num_sms=132) == 264 * 128 * 16 * 4 + records(16, 8192)
     # 32-token tile: 224 column tiles on 132 CTAs (2 rounds where 1.7 would do).
-    assert budget.w4a4_workspace_bytes(20, 28672, 8192, num_sms=132) == 132 * 128 * 32 * 4 + sums(20, 8192)
+    assert budget.w4a4_workspace_bytes(20, 28672, 8192, num_sms=132) == 132 * 128 * 32 * 4 + records(20, 8192)
     assert budget.w4a4_workspace_bytes(33, 28672, 8192, num_sms=132) == 132 * 128 * 64 * 4
     # 64 column tiles of 8192: fewer tiles than CTAs, also dealt over all of them.
-    assert budget.w4a4_workspace_bytes(1, 8192, 8192, num_sms=132) == 264 * 128 * 8 * 4 + sums(1, 8192)
+    assert budget.w4a4_workspace_bytes(1, 8192, 8192, num_sms=132) == 264 * 128 * 8 * 4 + records(1, 8192)
     # No stream-K: tiles that divide over the CTAs, the cluster tiles (M > 64), or too little work per CTA.
-    assert budget.w4a4_workspace_bytes(1, 128 * 264, 8192, num_sms=132) == sums(1, 8192)
-    assert budget.w4a4_workspace_bytes(20, 128 * 132, 8192, num_sms=132) == sums(20, 8192)
+    assert budget.w4a4_workspace_bytes(1, 128 * 264, 8192, num_sms=132) == records(1, 8192)
+    assert budget.w4a4_workspace_bytes(20, 128 * 132, 8192, num_sms=132) == records(20, 8192)
     assert budget.w4a4_workspace_bytes(65, 28672, 8192, num_sms=132) == 0
-    assert budget.w4a4_workspace_bytes(1, 128, 128, num_sms=132) == sums(1, 128)
+    assert budget.w4a4_workspace_bytes(1, 128, 128, num_sms=132) == records(1, 128)
     assert budget.w4a4_workspace_bytes(0, 28672, 8192, num_sms=132) == 0
 
 

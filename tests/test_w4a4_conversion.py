@@ -192,10 +192,10 @@ def _f32(value) -> Fraction:
 
 
 @pytest.mark.parametrize("act", ["int4", "uint4", "fp8"])
-def test_code_sums_cancel_the_offset_at_promotion(rng, act):
+def test_promotion_records_cancel_the_offset(rng, act):
     """One unit (64 k) of one output, as PromoteOffset computes it: the wgmma's partial 2^-9 Σ x·(q + 8), the
-    token's code sum S = Σ x (exact in fp32 in any order: multiples of 2^-9 below 2^15), c = -2^-6·S·s_x in fp32,
-    then fma(partial, s_x, c). For int4/uint4 codes c is exact, so the result is s_x·2^-9 Σ x q rounded once:
+    token's promotion record (s_x, c = -2^-6·S·s_x in fp32, S = Σ x the code sum: exact in fp32 in any order,
+    multiples of 2^-9 below 2^15), then fma(partial, s_x, c). For int4/uint4 codes c is exact, so the result is s_x·2^-9 Σ x q rounded once:
     the bits a promotion of the exactly corrected partial gives (the correction wgmmas' of sessions 3-47); for
     fp8 codes c is rounded once more, an fp32 rounding of c, which the offset makes comparable to the result."""
     for _ in range(200):

@@ -93,12 +93,12 @@ __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t
                : "memory");
 }
 
-// cp.async of kBytes (4 or 8; dst and src aligned to it); src_bytes = 0 fills zeros (out-of-bounds rows). Rows of
-// fewer than 16 bytes, which TMA boxes and bulk copies cannot take; their completion reaches a barrier through
-// CpAsyncArriveNoinc.
+// cp.async of kBytes (4, 8 or 16; dst and src aligned to it); src_bytes = 0 fills zeros (out-of-bounds rows).
+// Small pieces of strided rows, which TMA boxes and bulk copies would take with more setup; their completion
+// reaches a barrier through CpAsyncArriveNoinc.
 template <int kBytes>
 __device__ __forceinline__ void CpAsync(uint32_t dst, const void* src, uint32_t src_bytes) {
-  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca takes 4, 8 or 16 bytes; 16-byte rows go by TMA");
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async.ca takes 4, 8 or 16 bytes");
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_bytes)
                : "memory");
 }

@@ -13,8 +13,9 @@
 // follows with programmatic dependent launch: its CTAs start on the SMs this kernel leaves free and set up
 // while it runs, and each CTA of this kernel arrives at the linear's token-ready counter once its codes and
 // scales are stored, so the GEMM loads them while the LA split sum still runs (w4a4_gemm.cu, WaitForTokens).
-// There, at decode (16-row blocks), it also writes the GEMM's code sums: per token and group of 64, the codes'
-// values summed (exact in fp32; ActQuantArgs::code_sums), which the GEMM's decode tiles cancel their offset with.
+// There, at decode (16-row blocks), it also writes the GEMM's promotion records: per token and group of 64 the
+// scale and the codes' sum times it (ActQuantArgs::promotion_records), with which the GEMM's decode tiles cancel
+// their weights' offset.
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
@@ -86,8 +87,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/code_sums.h"
 #include "common/arrival_counters.h"
+#include "common/promotion_records.h"
 #include "common/ptx.h"
 #include "common/smem_budget.h"
 #include "common/tma.h"
@@ -209,7 +210,7 @@ struct Params {
   int num_chunks;
   int k_splits;
   uint32_t* tokens_ready;  // ActQuantArgs::tokens_ready
-  float* code_sums;        // ActQuantArgs::code_sums, or nullptr
+  float2* promotion_records;  // ActQuantArgs::promotion_records, or nullptr
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------------
@@ -331,9 +332,9 @@ struct Format {
 struct ThreadRows {
   uint8_t* q;
   uint8_t* scale;  // scale of the group this lane computes (lane u < kUnits of its group: unit u)
-  float* sum;      // code sum of this lane's 64-group in its first row (stored by the group's first lane), or nullptr
+  float2* record;  // promotion record of this lane's 64-group in its first row (stored by the group's first lane), or nullptr
   uint32_t q_step;
-  uint32_t sum_step;  // floats between the code sums of units i and i + 1
+  uint32_t record_step;  // records between those of units i and i + 1
   int rows_left;  // rows from first_row to M (unit i is inside M iff i * kQuantRowStep < rows_left)
 };
 
@@ -505,14 +506,14 @@ __device__ __forceinline__ uint4 StoreUnit(const float (&xh)[kUnitK], float divi
   }
 }
 
-// The W4A4 linear's code sums (ThreadRows::sum): the unit's 16 code values summed, then the 64-group's 4 lanes
-// (unit columns 4g..4g+3, neighbouring lanes for every format), stored by the group's first lane. Warp-uniform:
-// every lane shuffles.
-__device__ __forceinline__ void StoreCodeSum(const uint4& codes, float* sum, bool store) {
+// The W4A4 linear's promotion records (ThreadRows::record): the unit's 16 code values summed, then the 64-group's
+// 4 lanes (unit columns 4g..4g+3, neighbouring lanes for every format), stored with the group's scale by the
+// group's first lane. Warp-uniform: every lane shuffles.
+__device__ __forceinline__ void StorePromotionRecord(const uint4& codes, float scale, float2* record, bool store) {
   float s = SumE4m3x16(codes);
   s += __shfl_xor_sync(0xffffffffu, s, 1);
   s += __shfl_xor_sync(0xffffffffu, s, 2);
-  if (store && (threadIdx.x & 3) == 0) *sum = s;
+  if (store && (threadIdx.x & 3) == 0) *record = PromotionRecord(s, scale);
 }
 
 template <ActFormat kFormat>
@@ -526,14 +527,17 @@ __device__ __forceinline__ void StoreScale(const GroupScale& g, uint8_t* scale) 
 
 template <ActFormat kFormat, bool kClamp, int kUnits, int kRowStep>
 __device__ __forceinline__ void StoreUnitsFast(const float (&xh)[kUnits][kUnitK], const float (&divisor)[kUnits],
-                                               const float (&divisor_rcp)[kUnits], const ThreadRows& rows,
-                                               uint32_t q_chunk, uint32_t sum_chunk, bool col_valid) {
+                                               const float (&divisor_rcp)[kUnits], const float (&scale)[kUnits],
+                                               const ThreadRows& rows, uint32_t q_chunk, uint32_t record_chunk,
+                                               bool col_valid) {
 #pragma unroll
   for (int i = 0; i < kUnits; ++i) {
     const bool inside = col_valid && i * kRowStep < rows.rows_left;
     const uint4 codes = StoreUnit<kFormat, false, kClamp>(xh[i], divisor[i], divisor_rcp[i], 0.0f,
                                                           rows.q + (q_chunk + i * rows.q_step), inside);
-    if (rows.sum != nullptr) StoreCodeSum(codes, rows.sum + (sum_chunk + i * rows.sum_step), inside);
+    if (rows.record != nullptr) {
+      StorePromotionRecord(codes, scale[i], rows.record + (record_chunk + i * rows.record_step), inside);
+    }
   }
 }
 
@@ -542,7 +546,7 @@ __device__ __forceinline__ void StoreUnitsFast(const float (&xh)[kUnits][kUnitK]
 template <class T, ActFormat kFormat, int kUnits, int kRowStep>
 __device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambdas& lambdas, const ThreadRows& rows,
                                               int unit_column, uint32_t q_chunk, uint32_t scale_chunk,
-                                              uint32_t scale_step, uint32_t sum_chunk, bool col_valid) {
+                                              uint32_t scale_step, uint32_t record_chunk, bool col_valid) {
   using F = Format<kFormat>;
   // This lane's position in its group: on the fast path lane u < kUnits computes (and stores) the
   // scale of unit u for the whole group; on the exact path lane 0 stores them all.
@@ -577,16 +581,19 @@ __device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambd
     const GroupScale mine = ScaleOf<T, kFormat, false>(my_amax);
     if (group_lane < kUnits && unit_inside(group_lane)) StoreScale<kFormat>(mine, rows.scale + scale_chunk);
     const int group_base = (threadIdx.x & 31) - group_lane;
-    float divisor[kUnits], divisor_rcp[kUnits];
+    float divisor[kUnits], divisor_rcp[kUnits], scale[kUnits] = {};
 #pragma unroll
     for (int i = 0; i < kUnits; ++i) {
       divisor[i] = __shfl_sync(0xffffffffu, mine.divisor, group_base + i);
       divisor_rcp[i] = __shfl_sync(0xffffffffu, mine.divisor_rcp, group_base + i);
+      if (rows.record != nullptr) scale[i] = __shfl_sync(0xffffffffu, mine.scale, group_base + i);
     }
     if (!__any_sync(0xffffffffu, group_lane < kUnits && mine.needs_clamp)) {
-      StoreUnitsFast<kFormat, false, kUnits, kRowStep>(xh, divisor, divisor_rcp, rows, q_chunk, sum_chunk, col_valid);
+      StoreUnitsFast<kFormat, false, kUnits, kRowStep>(xh, divisor, divisor_rcp, scale, rows, q_chunk, record_chunk,
+                                                        col_valid);
     } else {
-      StoreUnitsFast<kFormat, true, kUnits, kRowStep>(xh, divisor, divisor_rcp, rows, q_chunk, sum_chunk, col_valid);
+      StoreUnitsFast<kFormat, true, kUnits, kRowStep>(xh, divisor, divisor_rcp, scale, rows, q_chunk, record_chunk,
+                                                        col_valid);
     }
   } else {
     // Rare (values or lambdas outside the fast division's domain): redo with __fdiv_rn.
@@ -599,7 +606,9 @@ __device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambd
       if (group_lane == 0 && unit_inside(i)) StoreScale<kFormat>(g, rows.scale + (scale_chunk + i * scale_step));
       const uint4 codes = StoreUnit<kFormat, true, true>(xh[i], g.divisor, g.divisor_rcp, g.scale,
                                                          rows.q + (q_chunk + i * rows.q_step), unit_inside(i));
-      if (rows.sum != nullptr) StoreCodeSum(codes, rows.sum + (sum_chunk + i * rows.sum_step), unit_inside(i));
+      if (rows.record != nullptr) {
+        StorePromotionRecord(codes, g.scale, rows.record + (record_chunk + i * rows.record_step), unit_inside(i));
+      }
     }
   }
 }
@@ -609,7 +618,7 @@ __device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambd
 template <class T, ActFormat kFormat, int kUnits, int kPasses, int kRowStep>
 __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, const ThreadRows& rows,
                                               int unit_column, uint32_t q_chunk, uint32_t scale_chunk,
-                                              uint32_t scale_step, uint32_t sum_chunk, bool col_valid) {
+                                              uint32_t scale_step, uint32_t record_chunk, bool col_valid) {
   // Not unrolled: one pass of X̂ and column lambdas live at a time keeps the instance within its register
   // cap (other warps, not unrolling, hide each pass's shuffle latency).
 #pragma unroll 1
@@ -619,10 +628,10 @@ __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, c
     ThreadRows pass_rows = rows;
     pass_rows.q = rows.q + pass * kUnits * rows.q_step;
     pass_rows.scale = rows.scale + pass * kUnits * scale_step;
-    if (rows.sum != nullptr) pass_rows.sum = rows.sum + pass * kUnits * rows.sum_step;
+    if (rows.record != nullptr) pass_rows.record = rows.record + pass * kUnits * rows.record_step;
     pass_rows.rows_left = rows.rows_left - pass * kPassRows;
     QuantizeUnits<T, kFormat, kUnits, kRowStep>(x_unit + pass * kPassRows * kXRowBytes, lambdas, pass_rows,
-                                                unit_column, q_chunk, scale_chunk, scale_step, sum_chunk, col_valid);
+                                                unit_column, q_chunk, scale_chunk, scale_step, record_chunk, col_valid);
   }
 }
 
@@ -670,12 +679,12 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   rows.scale = p.scales + (row0 + first_row) * scale_row_bytes + group_lane * scale_step +
                (F::kFp8 ? 0 : unit_column / F::kGroupLanes * 2);
   rows.q_step = Cfg::kQuantRowStep * q_row_bytes;
-  // The W4A4 linear's code sums, (rows, k/64) fp32: this lane's 64-group of its first row.
-  const uint32_t sum_row_floats = k / 64;
-  rows.sum = kBlockRows != 16 || p.code_sums == nullptr  // ActQuantWritesCodeSums
-                 ? nullptr
-                 : p.code_sums + (row0 + first_row) * sum_row_floats + unit_column / 4;
-  rows.sum_step = Cfg::kQuantRowStep * sum_row_floats;
+  // The W4A4 linear's promotion records, (rows, k/64): this lane's 64-group of its first row.
+  const uint32_t records_per_row = k / 64;
+  rows.record = kBlockRows != 16 || p.promotion_records == nullptr  // ActQuantWritesPromotionRecords
+                    ? nullptr
+                    : p.promotion_records + (row0 + first_row) * records_per_row + unit_column / 4;
+  rows.record_step = Cfg::kQuantRowStep * records_per_row;
   rows.rows_left = rows_left - first_row;
 
   const int rank = kRankCap == 0 ? 0 : p.rank;
@@ -841,7 +850,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
     if (i == num_local_chunks - 1) earlier_arrivals = publish_la();
     QuantizeChunk<T, kFormat, Cfg::kUnits, Cfg::kPasses, Cfg::kQuantRowStep>(
         x_tile(slot) + x_unit, table(i), rows, unit_column, chunk * (kChunkK * F::kUnitQBytes / kUnitK),
-        chunk * 4 /* one fp32 or two 16-bit scales per row */, scale_step, chunk * 2 /* code sums per row */,
+        chunk * 4 /* one fp32 or two 16-bit scales per row */, scale_step, chunk * 2 /* records per row */,
         chunk * kChunkK + unit_column * kUnitK < p.k);
     slot = slot + 1 == Cfg::kStages ? 0 : slot + 1;
     full_phase ^= slot == 0;
@@ -997,7 +1006,7 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   if (launch.workspace_bytes > 0 && (args.workspace == nullptr || args.workspace_bytes < launch.workspace_bytes)) {
     return cudaErrorInvalidValue;
   }
-  if (args.code_sums != nullptr && !ActQuantWritesCodeSums(launch)) return cudaErrorInvalidValue;
+  if (args.promotion_records != nullptr && !ActQuantWritesPromotionRecords(launch)) return cudaErrorInvalidValue;
   Params params = {};
   params.smooth = args.smooth;
   params.q = static_cast<uint8_t*>(args.q);
@@ -1009,7 +1018,7 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   params.num_chunks = static_cast<int>((args.k + kChunkK - 1) / kChunkK);
   params.k_splits = launch.k_splits;
   params.tokens_ready = args.tokens_ready;
-  params.code_sums = args.code_sums;
+  params.promotion_records = args.promotion_records;
   if (launch.workspace_bytes > 0) {
     params.la_partials = static_cast<float*>(args.workspace);
   }

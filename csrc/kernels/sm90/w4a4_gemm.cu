@@ -17,12 +17,12 @@
 //     with the correction wgmmas 1.71 -> 1.89-1.93 ms; without any correction, wrong numbers, 1.43).
 //   decode (8, 16, 32 tokens; issue-bound): offset codes, the byte u = q + 8 in [0, 15], which read as e4m3
 //     is exactly u·2^-9 (mask, shift, 2 prmt: 5 instructions per 8 weights), so a unit's partial is
-//     2^-9 Σ x (q + 8). The promotion cancels the offset with the token's code sum S = Σ_k x of the group
-//     (W4A4CodeSumsBytes: written by act_quant in the W4A4 linear, else by CodeSumsKernel before the GEMM;
-//     the activation-scale records bring it): acc = fma(fma(partial, s_x, c), s_w, acc), c = -2^-6 S s_x,
-//     where partial·s_x + c = s_x·2^-9 Σ x q is rounded once, as HEAD's partial·s_x was when a correction
-//     wgmma per k32 wgmma (A = -8·2^-9) formed 2^-9 Σ x q on the tensor cores (4.4% of 16 x 28672 x 8192,
-//     6.4% at 32 tokens, session 48). 2^9 is applied with α. Same for int4, uint4 and fp8 activations.
+//     2^-9 Σ x (q + 8). The promotion cancels the offset with the token's promotion record (s_x, c) of the
+//     group, c = -2^-6 S s_x with S = Σ_k x its code sum (W4A4PromotionRecordsBytes: written by act_quant in
+//     the W4A4 linear, else by PromotionRecordsKernel before the GEMM): acc = fma(fma(partial, s_x, c), s_w,
+//     acc), where partial·s_x + c = s_x·2^-9 Σ x q is rounded once, as partial·s_x was when a correction wgmma
+//     per k32 wgmma (A = -8·2^-9) formed 2^-9 Σ x q on the tensor cores (until session 48: 4.4% of
+//     16 x 28672 x 8192, 6.4% at 32 tokens). 2^9 is applied with α. Same for int4, uint4 and fp8 activations.
 // Expanded weights (long prefills, from kW4A4ExpandedWeightsMinTokens tokens, the last instance: the 128-token
 //   tile): ExpandWeightsKernel first writes the whole weight matrix as e4m3 codes, (n, k) row-major, into
 //   the workspace (with the prefill table above: exact), and the GEMM's TMA loads 16 KB stages of it with
@@ -199,8 +199,8 @@
 #include <type_traits>
 
 #include "common/arrival_counters.h"
-#include "common/code_sums.h"
 #include "common/device_info.h"
+#include "common/promotion_records.h"
 #include "common/ptx.h"
 #include "common/tma.h"
 #include "common/wgmma.h"
@@ -425,7 +425,7 @@ struct Smem {
 
 struct KernelParams {
   const uint8_t* s_x;      // activation scales, (m, k/32) bytes per token row
-  const float* code_sums;  // decode tiles: (m, k/64) fp32 code sums (W4A4CodeSumsBytes)
+  const float2* promotion_records;  // decode tiles: (m, k/64) promotion records (W4A4PromotionRecordsBytes)
   const uint8_t* wscales;  // weight scales, stage-major: k/128 rows of n x 4 bytes (2 groups per column)
   const float* alpha;      // nullptr when absent
   const void* bias;        // nullptr when absent
@@ -578,7 +578,7 @@ __device__ __forceinline__ uint32_t LowNibblesXor(uint32_t a, uint32_t flip) {
 // The even nibbles masked in place and the odd ones shifted down give bytes (q0, q2, q4, q6) and (q1, q3,
 // q5, q7), + 8 each; two prmt interleave them into Int4x8ToE4m3's byte order: nibbles 0-3 -> `lo`, 4-7 ->
 // `hi`. 5 instructions per 8 values (LOP3, SHF + LOP3, 2 PRMT) instead of 11. The wgmma then sums
-// 2^-9 Σ x (q + 8); the code sums at promotion (PromoteOffset) and 2^9 with α turn it into Σ x q.
+// 2^-9 Σ x (q + 8); the promotion records (PromoteOffset) and 2^9 with α turn it into Σ x q.
 // Modelled instruction by instruction in tests/test_w4a4_conversion.py.
 __device__ __forceinline__ void Int4x8ToOffsetE4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
   const uint32_t even = LowNibblesXor(w, 0x08080808u);
@@ -895,20 +895,21 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
           }
         }
       }
-      // Activation-scale records, per token and stage 4 bytes of scales ([2 x 16-bit | fp32]) from the (m, k/64)
-      // or (m, k/128) layout act_quant writes, and in decode tiles the stage's two code sums (8 bytes) at
-      // kW4A4CodeSumsOffset. A rolled loop: few live registers in the 40-register producer.
+      // Per token and stage: decode tiles, the stage's two promotion records (16 bytes of the (m, k/64) records);
+      // prefill tiles, 4 bytes of scales ([2 x 16-bit | fp32]) from the (m, k/64) or (m, k/128) layout act_quant
+      // writes. A rolled loop: few live registers in the 40-register producer.
       const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + C::kActScalePitch * lane;
       const uint8_t* xscale_src = xscale_rows + 4 * ks;
 #pragma unroll 1
       for (int r = lane; r < C::kTileM; r += 32, xscale_src += 32 * scale_row_bytes) {
         const bool in = tile.m0 + r < p.m;  // rows past M read nothing and land as zeros
-        const uint32_t record = xscale_dst + C::kActScalePitch * (r - lane);
-        CpAsync<4>(record, in ? xscale_src : p.s_x, in ? 4 : 0);
+        const uint32_t dst = xscale_dst + C::kActScalePitch * (r - lane);
         if constexpr (C::kOffsetWeights) {
-          // The (m, k/64) fp32 sums sit at twice the scales' byte offset (k/16 against k/32 bytes a row).
-          const uint8_t* sums = reinterpret_cast<const uint8_t*>(p.code_sums) + 2 * (xscale_src - p.s_x);
-          CpAsync<8>(record + kW4A4CodeSumsOffset, in ? sums : p.s_x, in ? 8 : 0);
+          // The records sit at 4 times the scales' byte offset (k/8 against k/32 bytes a row).
+          const auto* records = reinterpret_cast<const uint8_t*>(p.promotion_records);
+          CpAsync<16>(dst, in ? records + 4 * (xscale_src - p.s_x) : records, in ? 16 : 0);
+        } else {
+          CpAsync<4>(dst, in ? xscale_src : p.s_x, in ? 4 : 0);
         }
       }
       CpAsyncArriveNoinc(full);
@@ -1056,21 +1057,21 @@ __device__ __forceinline__ void Promote(float (&acc)[C::kSliceN / 2], const floa
   }
 }
 
-// Decode tiles (offset weights): acc += (part · s_x[token] + c[token]) · s_w[column], c = -8·2^-9 S s_x with S the
-// token's code sum, so that part (2^-9 Σ x (q + 8)) loses its offset inside the first FFMA, rounded once. The
-// records (scale word, code sums) are loaded at the promotion: loaded with the stage, the 32-token tile's records
-// cost more registers than they saved latency (session 48).
-template <class C, class OutT, bool kFp8Act>
+// Decode tiles (offset weights): acc += (part · s_x[token] + c[token]) · s_w[column] with the token's promotion
+// record (s_x, c = -8·2^-9 S s_x, S its code sum), so that part (2^-9 Σ x (q + 8)) loses its offset inside the
+// first FFMA, rounded once. The records are loaded at the promotion: loaded with the stage, the 32-token tile's
+// cost more registers than they saved latency (session 48); and formed before the GEMM, as its scale and c
+// decoded and multiplied here cost 5% at 16 and 32 tokens (session 49).
+template <class C>
 __device__ __forceinline__ void PromoteOffset(float (&acc)[C::kSliceN / 2], const float (&part)[C::kSliceN / 2],
-                                              uint32_t act_scales, int slice, int group, int t, const float (&sw)[2]) {
+                                              uint32_t records, int slice, int group, int t, const float (&sw)[2]) {
 #pragma unroll
   for (int i = 0; i < C::kSliceN / 8; ++i) {
-    const uint32_t a = act_scales + C::kActScalePitch * (slice * C::kSliceN + 8 * i + 2 * t);  // token 8i + 2t
-    const uint32_t b = a + C::kActScalePitch;                                                   // and the next
-    const uint32_t sum = kW4A4CodeSumsOffset + 4 * group;
-    const float sa = GroupScale<OutT, kFp8Act>(Lds32(a), group), sb = GroupScale<OutT, kFp8Act>(Lds32(b), group);
-    const float ca = -0x1p-6f * __uint_as_float(Lds32(a + sum)) * sa;
-    const float cb = -0x1p-6f * __uint_as_float(Lds32(b + sum)) * sb;
+    const uint32_t a = records + C::kActScalePitch * (slice * C::kSliceN + 8 * i + 2 * t) +  // token 8i + 2t
+                       kW4A4PromotionRecordBytes * group;
+    const uint2 ra = Lds64(a), rb = Lds64(a + C::kActScalePitch);  // and the next token
+    const float sa = __uint_as_float(ra.x), ca = __uint_as_float(ra.y);
+    const float sb = __uint_as_float(rb.x), cb = __uint_as_float(rb.y);
     acc[4 * i + 0] = fmaf(fmaf(part[4 * i + 0], sa, ca), sw[0], acc[4 * i + 0]);
     acc[4 * i + 1] = fmaf(fmaf(part[4 * i + 1], sb, cb), sw[0], acc[4 * i + 1]);
     acc[4 * i + 2] = fmaf(fmaf(part[4 * i + 2], sa, ca), sw[1], acc[4 * i + 2]);
@@ -1158,7 +1159,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         FenceOperands(scale_products[u % kSets]);
         PromoteScaled<kSliceN>(acc[sl], part[u % kSets], scale_products[u % kSets]);
       } else if constexpr (C::kOffsetWeights) {
-        PromoteOffset<C, OutT, kFp8Act>(acc[sl], part[u % kSets], act_scales[j], sl, gi, t, sw[j][gi]);
+        PromoteOffset<C>(acc[sl], part[u % kSets], act_scales[j], sl, gi, t, sw[j][gi]);
       } else {
         Promote<C, OutT, kFp8Act>(acc[sl], part[u % kSets], act_scale_words[j][sl], gi, sw[j][gi]);
       }
@@ -1494,18 +1495,21 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
   if constexpr (C::kCluster > 1) ptx::ClusterSync();
 }
 
-// Decode tiles without act_quant's code sums (the GEMM called on its own): S[m, g] = Σ_{k in group g} x[m, k] of
-// q_x, one thread per token and group (q_x is (m, k) row-major, so group i of the (m, k/64) sums is codes
-// [64 i, 64 i + 64)), with act_quant's function (common/code_sums.h: exact, so the same bits).
-__global__ void __launch_bounds__(256) CodeSumsKernel(const uint4* __restrict__ q_x, float* __restrict__ sums,
-                                                      int64_t count) {
+// Decode tiles without act_quant's promotion records (the GEMM called on its own): one thread per token and group,
+// from the group's codes (q_x is (m, k) row-major, so group i of the (m, k/64) records is codes [64 i, 64 i + 64))
+// and its scale (the 4-byte word i / 2 of s_x: two 16-bit scales, or the fp32 scale of 128), with act_quant's
+// functions (common/promotion_records.h), so the same bits.
+template <class OutT, bool kFp8Act>
+__global__ void __launch_bounds__(256) PromotionRecordsKernel(const uint4* __restrict__ q_x,
+                                                              const uint32_t* __restrict__ s_x,
+                                                              float2* __restrict__ records, int64_t count) {
   ptx::LaunchDependents();  // the GEMM, launched next with programmatic dependent launch, starts and sets up
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= count) return;
   float sum = 0.0f;
 #pragma unroll
   for (int c = 0; c < 4; ++c) sum += SumE4m3x16(q_x[4 * i + c]);
-  sums[i] = sum;
+  records[i] = PromotionRecord(sum, GroupScale<OutT, kFp8Act>(s_x[i / 2], static_cast<int>(i % 2)));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1561,21 +1565,21 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
 
   KernelParams p{};
   p.s_x = static_cast<const uint8_t*>(args.s_x);
-  bool sums_launched = false;
+  bool records_launched = false;
   if constexpr (C::kOffsetWeights) {
-    const int64_t offset = W4A4CodeSumsOffset(m, n, k, args.num_sms);
+    const int64_t offset = W4A4PromotionRecordsOffset(m, n, k, args.num_sms);
     if (args.workspace == nullptr || !Aligned16(args.workspace) ||
-        args.workspace_bytes < offset + W4A4CodeSumsBytes(m, k)) {
+        args.workspace_bytes < offset + W4A4PromotionRecordsBytes(m, k)) {
       return cudaErrorInvalidValue;
     }
-    float* sums = reinterpret_cast<float*>(static_cast<uint8_t*>(args.workspace) + offset);
-    p.code_sums = sums;
-    if (!args.code_sums_written) {
+    auto* records = reinterpret_cast<float2*>(static_cast<uint8_t*>(args.workspace) + offset);
+    p.promotion_records = records;
+    if (!args.promotion_records_written) {
       const int64_t count = int64_t{m} * (k / kW4A4WeightGroup);
-      CodeSumsKernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(
-          reinterpret_cast<const uint4*>(args.q_x), sums, count);
+      PromotionRecordsKernel<OutT, kFp8Act><<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(
+          reinterpret_cast<const uint4*>(args.q_x), static_cast<const uint32_t*>(args.s_x), records, count);
       if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-      sums_launched = true;
+      records_launched = true;
     }
   }
   p.wscales = static_cast<const uint8_t*>(args.wscales);
@@ -1638,7 +1642,7 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   }
   config.gridDim = dim3(clusters * C::kCluster);
   p.act_quant_ctas = args.act_quant_ctas;
-  config.numAttrs = (args.after_act_quant || sums_launched) && !C::kExpandedWeights ? 2 : 1;
+  config.numAttrs = (args.after_act_quant || records_launched) && !C::kExpandedWeights ? 2 : 1;
   return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_la, tm_up, tm_y, p);
 }
 
