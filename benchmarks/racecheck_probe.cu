@@ -60,7 +60,7 @@ __global__ void Pipeline(const float* src, float* out, Copy copy, Release releas
           BulkLoad(dst, round_src, kStageFloats * 4, full);
         }
       } else {
-        for (int i = lane; i < kStageFloats; i += 32) CpAsync4(dst + 4 * i, round_src + i, 4);
+        for (int i = lane; i < kStageFloats; i += 32) CpAsync<4>(dst + 4 * i, round_src + i, 4);
         CpAsyncArriveNoinc(full);
       }
     } else {

@@ -15,8 +15,7 @@ from jax_w4a4 import budget
 from jax_w4a4.budget import Lifetime, Sharing
 
 TOKEN_OPERANDS = ("activations", "activation scales", "LA chunk (fp32")
-PRIVATE_OPERANDS = ("weights", "weight scales", "L_up chunk", "LA chunk (16-bit", "alpha, beta", "output tile",
-                    "offset correction")
+PRIVATE_OPERANDS = ("weights", "weight scales", "L_up chunk", "LA chunk (16-bit", "alpha, beta", "output tile")
 
 
 @pytest.fixture(scope="module")
@@ -129,28 +128,25 @@ def test_stage_bytes_follow_the_tile():
     assert plan.object("LA chunk (fp32").bytes == 32 * 64 * 4
 
 
-@pytest.mark.parametrize(
-    "tile_m,cluster,decode", [(8, 1, True), (16, 1, True), (32, 1, True), (64, 2, False), (128, 2, False)]
-)
-def test_offset_correction_operand_only_in_decode_tiles(tile_m, cluster, decode):
-    """Decode tiles keep the correction wgmmas' constant A tile (64 rows x k32 of e4m3) for the kernel's
-    lifetime; prefill tiles convert weights exactly and hold none."""
-    correction = budget.w4a4_plan(128, tile_m, cluster).object("offset correction")
-    assert correction.bytes == (64 * 32 if decode else 0)
-    assert correction.stages == 1 and correction.lifetime == Lifetime.KERNEL and correction.sharing == Sharing.PRIVATE
-
-
-@pytest.mark.parametrize(
-    "tile_m,cluster,pitch", [(8, 1, 4), (16, 1, 4), (32, 1, 16), (64, 2, 16), (128, 2, 16)]
-)
-def test_activation_scale_rows_are_wgmma_rows_from_32_tokens(tile_m, cluster, pitch):
-    """Tiles of 32 tokens and more form the scale products on the tensor cores: the activation-scale buffer is
-    the B operand of a K-major wgmma without swizzle, so each token owns a 16-byte row (its 4-byte scale word,
-    then zeros); the 8- and 16-token tiles keep 4 bytes per token. Each CTA holds the whole tile's rows, a
-    multicast object's footprint."""
+@pytest.mark.parametrize("tile_m,cluster", [(8, 1), (16, 1), (32, 1), (64, 2), (128, 2)])
+def test_activation_scales_are_16_byte_records(tile_m, cluster):
+    """Each token owns 16 bytes per stage: in decode tiles the stage's two 8-byte promotion records (fp32 scale,
+    fp32 offset term), in prefill tiles its 4-byte scale word then zeros, so that the 16 bytes are the K-major B
+    row of the scale wgmma. Each CTA holds the whole tile's records, a multicast object's footprint."""
     scales = budget.w4a4_plan(128, tile_m, cluster).object("activation scales")
-    assert scales.bytes == tile_m * pitch
+    assert scales.bytes == tile_m * 16
     assert scales.footprint == scales.stages * max(scales.bytes, 128)
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 20, 32])
+def test_decode_workspace_holds_the_promotion_records(m):
+    """Decode tiles cancel their weights' offset with each token's promotion records, m x k/64 x 8 bytes in the
+    workspace after the stream-K partials (256-byte aligned); prefill tiles hold none."""
+    assert budget.w4a4_workspace_bytes(m, 128, 256, num_sms=132) == m * 4 * 8  # one column tile: no stream-K
+    records = m * (8192 // 64) * 8
+    with_partials = budget.w4a4_workspace_bytes(m, 28672, 8192, num_sms=132)  # 224 tiles on 132 x 2 or 132 CTAs
+    assert with_partials > records and (with_partials - records) % 256 == 0
+    assert budget.w4a4_workspace_bytes(64, 128, 256, num_sms=132) == 0
 
 
 def test_table_lists_every_instantiated_plan():
@@ -176,7 +172,6 @@ def test_expanded_weights_are_a_private_swizzled_operand_of_twice_the_bytes():
     assert expanded.main_stage_tx_bytes == prepacked.main_stage_tx_bytes + 128 * 128 // 2
     assert (prepacked.main_stages, prepacked.lora_stages) == (6, 1)
     assert (expanded.main_stages, expanded.lora_stages) == (3, 2)
-    assert expanded.object("offset correction").bytes == 0
 
 
 def test_expanded_weights_serve_long_prefills_from_their_workspace():
@@ -742,22 +737,25 @@ def test_w4a16_workspace_follows_the_launch_plan():
 def test_w4a4_stream_k_workspace_follows_the_launch_plan():
     """Decode launches whose column tiles do not divide over the SMs deal (tile, k-stage) iterations over
     the CTAs (stream-K): their workspace is one fp32 partial tile (128 columns x the token tile) per CTA
-    (the flags that publish them are arrival counters, csrc/common/arrival_counters.h). Other launches
-    need none."""
+    (the flags that publish them are arrival counters, csrc/common/arrival_counters.h), then (decode tiles,
+    up to 32 tokens) the tokens' promotion records, m x k/64 x 8 bytes. Other launches need none."""
+    def records(m, k):
+        return m * (k // 64) * 8
+
     # Up to 16 tokens two CTAs per SM (264 CTAs); 32 and 64 tokens: 132 CTAs.
     # 1 x 28672 x 8192: 8-token tile, 224 column tiles on 264 CTAs.
-    assert budget.w4a4_workspace_bytes(1, 28672, 8192, num_sms=132) == 264 * 128 * 8 * 4
-    assert budget.w4a4_workspace_bytes(16, 28672, 8192, num_sms=132) == 264 * 128 * 16 * 4
+    assert budget.w4a4_workspace_bytes(1, 28672, 8192, num_sms=132) == 264 * 128 * 8 * 4 + records(1, 8192)
+    assert budget.w4a4_workspace_bytes(16, 28672, 8192, num_sms=132) == 264 * 128 * 16 * 4 + records(16, 8192)
     # 32-token tile: 224 column tiles on 132 CTAs (2 rounds where 1.7 would do).
-    assert budget.w4a4_workspace_bytes(20, 28672, 8192, num_sms=132) == 132 * 128 * 32 * 4
+    assert budget.w4a4_workspace_bytes(20, 28672, 8192, num_sms=132) == 132 * 128 * 32 * 4 + records(20, 8192)
     assert budget.w4a4_workspace_bytes(33, 28672, 8192, num_sms=132) == 132 * 128 * 64 * 4
     # 64 column tiles of 8192: fewer tiles than CTAs, also dealt over all of them.
-    assert budget.w4a4_workspace_bytes(1, 8192, 8192, num_sms=132) == 264 * 128 * 8 * 4
+    assert budget.w4a4_workspace_bytes(1, 8192, 8192, num_sms=132) == 264 * 128 * 8 * 4 + records(1, 8192)
     # No stream-K: tiles that divide over the CTAs, the cluster tiles (M > 64), or too little work per CTA.
-    assert budget.w4a4_workspace_bytes(1, 128 * 264, 8192, num_sms=132) == 0
-    assert budget.w4a4_workspace_bytes(20, 128 * 132, 8192, num_sms=132) == 0
+    assert budget.w4a4_workspace_bytes(1, 128 * 264, 8192, num_sms=132) == records(1, 8192)
+    assert budget.w4a4_workspace_bytes(20, 128 * 132, 8192, num_sms=132) == records(20, 8192)
     assert budget.w4a4_workspace_bytes(65, 28672, 8192, num_sms=132) == 0
-    assert budget.w4a4_workspace_bytes(1, 128, 128, num_sms=132) == 0
+    assert budget.w4a4_workspace_bytes(1, 128, 128, num_sms=132) == records(1, 128)
     assert budget.w4a4_workspace_bytes(0, 28672, 8192, num_sms=132) == 0
 
 

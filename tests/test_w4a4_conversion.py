@@ -3,13 +3,16 @@
 The kernel converts a word of 8 prepacked int4 weights into two wgmma A registers of 4 e4m3 bytes:
 nibbles 0-3 -> `lo`, nibbles 4-7 -> `hi` (formats/svdq_layout.py). Prefill tiles use `Int4x8ToE4m3` (a
 prmt table lookup: byte = e4m3(q)); decode tiles use `Int4x8ToOffsetE4m3` (byte = q + 8, which read as
-e4m3 is (q + 8)·2^-9) followed by correction wgmmas whose A bytes are 0x88 = -8·2^-9, and 2^9 with α.
+e4m3 is (q + 8)·2^-9), whose offset the promotion cancels with the token's code sum, and 2^9 with α.
 Here both sequences run on NumPy models of the PTX instructions (prmt.b32 default mode, lop3.b32, shr),
 and are checked against ml_dtypes' e4m3 and against each other: every nibble value in every position,
-both 16-bit halves exhaustively, random words, the real prepacked layout, and the corrected dot product.
+both 16-bit halves exhaustively, random words, the real prepacked layout, and the promoted dot product.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -75,8 +78,6 @@ def int4x8_to_offset_e4m3(w):
     return prmt(even, odd, 0x5140), prmt(even, odd, 0x7362)
 
 
-OFFSET_CORRECTION = 0x88  # the correction wgmmas' A byte
-
 
 # ---- helpers ---------------------------------------------------------------------------------------
 
@@ -120,7 +121,6 @@ def test_prmt_and_lop3_models():
 def test_offset_code_is_linear_in_e4m3():
     """Bytes 0..15 read as e4m3 are exactly u·2^-9 (subnormals below 8, exponent field 1 from 8)."""
     np.testing.assert_array_equal(_e4m3(np.arange(16)), np.arange(16) * 2.0**-9)
-    assert _e4m3([OFFSET_CORRECTION])[0] == -8 * 2.0**-9
 
 
 def test_every_value_in_every_position(rng):
@@ -170,11 +170,35 @@ def test_prepacked_thread_fragments_are_offset_codes(rng):
                 np.testing.assert_array_equal(got[:, o], (want + 8) * 2.0**-9)
 
 
+def _round_f32(value: Fraction) -> float:
+    """An exact rational rounded once to float32, ties to even (no double rounding through float64)."""
+    if value == 0:
+        return 0.0
+    sign, value = (-1, -value) if value < 0 else (1, value)
+    exponent = math.floor(math.log2(value.numerator) - math.log2(value.denominator)) - 23
+    while value / Fraction(2) ** exponent >= 2**24:
+        exponent += 1
+    while value / Fraction(2) ** exponent < 2**23:
+        exponent -= 1
+    scaled = value / Fraction(2) ** exponent
+    whole, rest = divmod(scaled.numerator, scaled.denominator)
+    if 2 * rest > scaled.denominator or (2 * rest == scaled.denominator and whole % 2):
+        whole += 1
+    return float(np.float32(sign * whole * 2.0**exponent))
+
+
+def _f32(value) -> Fraction:
+    return Fraction(float(np.float32(value)))
+
+
 @pytest.mark.parametrize("act", ["int4", "uint4", "fp8"])
-def test_correction_cancels_the_offset_exactly(rng, act):
-    """One unit (64 k) of one output: Σ x·e4m3(q + 8) + Σ x·e4m3(0x88) = 2^-9 Σ x·q, exactly (products of
-    e4m3 values and these sums are exact in float64), for every activation format's e4m3 codes."""
-    for _ in range(50):
+def test_promotion_records_cancel_the_offset(rng, act):
+    """One unit (64 k) of one output, as PromoteOffset computes it: the wgmma's partial 2^-9 Σ x·(q + 8), the
+    token's promotion record (s_x, c = -2^-6·S·s_x in fp32, S = Σ x the code sum: exact in fp32 in any order,
+    multiples of 2^-9 below 2^15), then fma(partial, s_x, c). For int4/uint4 codes c is exact, so the result is s_x·2^-9 Σ x q rounded once:
+    the bits a promotion of the exactly corrected partial gives (the correction wgmmas' of sessions 3-47); for
+    fp8 codes c is rounded once more, an fp32 rounding of c, which the offset makes comparable to the result."""
+    for _ in range(200):
         w = rng.integers(0, 2**32, 8, dtype=np.uint64).astype(U32)  # 64 weights
         q = _signed_nibbles(w).ravel()
         codes = _bytes(int4x8_to_offset_e4m3(w)).ravel()
@@ -182,8 +206,21 @@ def test_correction_cancels_the_offset_exactly(rng, act):
             x_codes = rng.integers(0, 256, 64).astype(np.uint8)
             x_codes[(x_codes & 0x7F) == 0x7F] = 0  # drop the NaN codes
             x = _e4m3(x_codes)
+            s_x = float(np.float32(rng.uniform(0.01, 10.0)))
         else:
             x = rng.integers(-8, 8, 64) if act == "int4" else rng.integers(0, 16, 64)
             x = _e4m3(np.asarray(x, np.float32).astype(ml_dtypes.float8_e4m3fn).view(np.uint8))
-        partial = np.dot(x, _e4m3(codes)) + np.dot(x, np.full(64, _e4m3([OFFSET_CORRECTION])[0]))
-        assert partial * 2.0**9 == np.dot(x, q)
+            s_x = float(np.float32(rng.uniform(0.01, 10.0)).astype(ml_dtypes.bfloat16))
+        partial = sum(Fraction(v) * Fraction(c) for v, c in zip(x, _e4m3(codes)))
+        assert _f32(float(partial)) == partial  # the tensor core's fp32 partial holds it exactly here
+        code_sum = np.float32(0)
+        for v in rng.permutation(x):  # any order: the same bits
+            code_sum = np.float32(code_sum + np.float32(v))
+        assert Fraction(float(code_sum)) == sum(Fraction(v) for v in x)
+        c = _round_f32(Fraction(-1, 64) * Fraction(float(code_sum)) * Fraction(s_x))
+        promoted = _round_f32(partial * Fraction(s_x) + Fraction(c))
+        corrected = _round_f32(sum(Fraction(v) * int(qv) for v, qv in zip(x, q)) * Fraction(1, 512) * Fraction(s_x))
+        if act == "fp8":  # c's own rounding, relative to c (the offset's share), and the final one
+            assert abs(promoted - corrected) <= 2.0**-23 * (abs(c) + abs(corrected)) + 2.0**-126
+        else:
+            assert promoted == corrected

@@ -93,10 +93,14 @@ __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t
                : "memory");
 }
 
-// 4-byte cp.async; src_bytes = 0 fills zeros (out-of-bounds rows). Rows of fewer than 16 bytes, which TMA
-// boxes and bulk copies cannot take; their completion reaches a barrier through CpAsyncArriveNoinc.
-__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+// cp.async of kBytes (4, 8 or 16; dst and src aligned to it); src_bytes = 0 fills zeros (out-of-bounds rows).
+// Small pieces of strided rows, which TMA boxes and bulk copies would take with more setup; their completion
+// reaches a barrier through CpAsyncArriveNoinc.
+template <int kBytes>
+__device__ __forceinline__ void CpAsync(uint32_t dst, const void* src, uint32_t src_bytes) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async.ca takes 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_bytes)
+               : "memory");
 }
 
 // Arrives on `bar` once all of this thread's prior cp.async have landed (counts as one arrival).

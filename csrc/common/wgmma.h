@@ -85,12 +85,6 @@ struct Wgmma<8> {
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
     }
   }
-  // D[64 x N] += A[64 x 32] (e4m3, shared memory, K-major) * B[32 x N] (e4m3, shared memory, K-major).
-  static __device__ __forceinline__ void E4m3Smem(float (&d)[4], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, 1, 1, 1;\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "l"(desc_a), "l"(desc_b));
-  }
   // D[64 x N] += A[64 x 16] (16-bit, shared memory, MN-major) * B[16 x N] (16-bit, shared memory, K-major).
   template <bool kBf16>
   static __device__ __forceinline__ void Half(float (&d)[4], uint64_t desc_a, uint64_t desc_b) {
@@ -138,14 +132,6 @@ struct Wgmma<16> {
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
     }
   }
-  // D[64 x N] += A[64 x 32] (e4m3, shared memory, K-major) * B[32 x N] (e4m3, shared memory, K-major).
-  static __device__ __forceinline__ void E4m3Smem(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(desc_a), "l"(desc_b));
-  }
   // D[64 x N] += A[64 x 16] (16-bit, shared memory, MN-major) * B[16 x N] (16-bit, shared memory, K-major).
   template <bool kBf16>
   static __device__ __forceinline__ void Half(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
@@ -176,14 +162,6 @@ struct Wgmma<32> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-  }
-  static __device__ __forceinline__ void E4m3Smem(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b));
   }
   // D[64 x N] (+)= A[64 x 16] (16-bit, registers) * B[16 x N] (16-bit, shared memory, K-major).
   template <bool kBf16>

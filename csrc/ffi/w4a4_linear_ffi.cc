@@ -17,6 +17,7 @@
 #include "kernels/sm90/act_quant.h"
 #include "kernels/sm90/act_quant_plan.h"
 #include "kernels/sm90/w4a4_gemm.h"
+#include "kernels/sm90/w4a4_gemm_plan.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_w4a4 {
@@ -40,6 +41,13 @@ ffi::Error W4a4Linear(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smoo
   JAX_W4A4_RETURN_IF_ERROR(CudaStatus(counter_status, "w4a4_linear token-ready counter"));
   const sm90::ActQuantLaunch plan = sm90::PlanActQuantLaunch(quantize.rows, quantize.k, quantize.rank, quantize.num_sms);
   gemm.act_quant_ctas = static_cast<uint32_t>(plan.row_blocks * plan.k_splits);
+  // Decode tiles: act_quant writes the GEMM's promotion records into the GEMM's workspace with the codes (where
+  // its plan can: else the GEMM forms them from the codes and scales itself).
+  if (sm90::W4A4PromotionRecordsBytes(gemm.m, gemm.k) > 0 && sm90::ActQuantWritesPromotionRecords(plan)) {
+    quantize.promotion_records = reinterpret_cast<float2*>(
+        static_cast<uint8_t*>(gemm.workspace) + sm90::W4A4PromotionRecordsOffset(gemm.m, gemm.n, gemm.k, gemm.num_sms));
+    gemm.promotion_records_written = true;
+  }
   JAX_W4A4_RETURN_IF_ERROR(CudaStatus(sm90::LaunchActQuant(quantize, stream), "w4a4_linear act_quant launch"));
   gemm.after_act_quant = true;
   const cudaError_t gemm_status = sm90::LaunchW4A4GemmSm90(gemm, stream);

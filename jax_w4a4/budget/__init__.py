@@ -360,8 +360,8 @@ def w4a4_expanded_weights_min_tokens() -> int:
 
 def w4a4_workspace_bytes(m: int, n: int, k: int, *, num_sms: int) -> int:
     """Device workspace of one w4a4 GEMM launch planned for ``num_sms`` SMs: the e4m3 weights expanded for a
-    long prefill (N x K bytes, :func:`w4a4_expanded_weights_min_tokens`), the stream-K partials of a decode
-    launch whose column tiles do not divide over the SMs, else 0."""
+    long prefill (N x K bytes, :func:`w4a4_expanded_weights_min_tokens`); up to 32 tokens the stream-K partials of
+    a launch whose column tiles do not divide over the SMs, then the tokens' promotion records (M x K/64 x 8 bytes); else 0."""
     return int(_load().JaxW4a4W4a4WorkspaceBytes(m, n, k, num_sms))
 
 

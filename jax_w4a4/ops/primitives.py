@@ -277,8 +277,8 @@ def w4a4_gemm(
 
     On the GPU, a call of :func:`jax_w4a4.budget.w4a4_expanded_weights_min_tokens` tokens or more first
     expands ``qweight`` to e4m3 codes in an N x K-byte scratch buffer that XLA allocates for the call (the
-    long-prefill kernel reads them from shared memory instead of converting them); decode calls need at most
-    the stream-K partials (:func:`jax_w4a4.budget.w4a4_workspace_bytes`).
+    long-prefill kernel reads them from shared memory instead of converting them); decode calls need the
+    tokens' promotion records and the stream-K partials (:func:`jax_w4a4.budget.w4a4_workspace_bytes`).
 
     See :func:`jax_w4a4.reference.w4a4_gemm` for the math and ``docs/layouts.md`` for the layouts.
     """

@@ -13,6 +13,9 @@
 // follows with programmatic dependent launch: its CTAs start on the SMs this kernel leaves free and set up
 // while it runs, and each CTA of this kernel arrives at the linear's token-ready counter once its codes and
 // scales are stored, so the GEMM loads them while the LA split sum still runs (w4a4_gemm.cu, WaitForTokens).
+// There, at decode (16-row blocks), it also writes the GEMM's promotion records: per token and group of 64 the
+// scale and the codes' sum times it (ActQuantArgs::promotion_records), with which the GEMM's decode tiles cancel
+// their weights' offset.
 //
 // Occupancy and bandwidth (act_quant_plan.h; python -m jax_w4a4.budget prints the plans). 4.2 TB/s is
 // ~16 B/cycle/SM at 1.98 GHz; a value moves ~3.06 B (X 2, q 1, scales and LA), so ~5.2 values/cycle/SM.
@@ -85,6 +88,7 @@
 #include <type_traits>
 
 #include "common/arrival_counters.h"
+#include "common/promotion_records.h"
 #include "common/ptx.h"
 #include "common/smem_budget.h"
 #include "common/tma.h"
@@ -206,6 +210,7 @@ struct Params {
   int num_chunks;
   int k_splits;
   uint32_t* tokens_ready;  // ActQuantArgs::tokens_ready
+  float2* promotion_records;  // ActQuantArgs::promotion_records, or nullptr
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------------
@@ -327,7 +332,9 @@ struct Format {
 struct ThreadRows {
   uint8_t* q;
   uint8_t* scale;  // scale of the group this lane computes (lane u < kUnits of its group: unit u)
+  float2* record;  // promotion record of this lane's 64-group in its first row (stored by the group's first lane), or nullptr
   uint32_t q_step;
+  uint32_t record_step;  // records between those of units i and i + 1
   int rows_left;  // rows from first_row to M (unit i is inside M iff i * kQuantRowStep < rows_left)
 };
 
@@ -447,8 +454,8 @@ __device__ __forceinline__ GroupScale ScaleOf(float amax) {
 // q bytes of one unit. Fast path: X̂ / divisor with its reciprocal (reciprocal 0: q = 0); exact path:
 // __fdiv_rn by the scale. kClamp: clamp before rounding (int4/uint4; exact path, subnormal scales).
 template <ActFormat kFormat, bool kExact, bool kClamp>
-__device__ __forceinline__ void StoreUnit(const float (&xh)[kUnitK], float divisor, float divisor_rcp, float scale,
-                                          uint8_t* q, bool store) {
+__device__ __forceinline__ uint4 StoreUnit(const float (&xh)[kUnitK], float divisor, float divisor_rcp, float scale,
+                                           uint8_t* q, bool store) {
   const bool zero_q = divisor_rcp == 0.0f;
   auto quotient = [&](float x) {
     if constexpr (kExact) return zero_q ? 0.0f : __fdiv_rn(x, scale);
@@ -465,7 +472,9 @@ __device__ __forceinline__ void StoreUnit(const float (&xh)[kUnitK], float divis
                                                    __NV_SATFINITE, __NV_E4M3);
       packed[j / 4] = zero_q ? 0u : lo | (hi << 16);
     }
-    if (store) *reinterpret_cast<uint4*>(q) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    const uint4 codes = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    if (store) *reinterpret_cast<uint4*>(q) = codes;
+    return codes;
   } else {
     // q = clip(rint(X̂ / scale), lo, hi) as an e4m3 code. v + 1.5 * 2^23 (ulp 1) rounds v to an integer,
     // ties to even; subtracting 1.5 * 2^23 again is exact and gives +0 for a zero (never -0, as the
@@ -491,8 +500,20 @@ __device__ __forceinline__ void StoreUnit(const float (&xh)[kUnitK], float divis
           __nv_cvt_float2_to_fp8x2(make_float2(integer(xh[j + 2]), integer(xh[j + 3])), __NV_SATFINITE, __NV_E4M3);
       packed[j / 4] = lo | (hi << 16);
     }
-    if (store) *reinterpret_cast<uint4*>(q) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    const uint4 codes = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    if (store) *reinterpret_cast<uint4*>(q) = codes;
+    return codes;
   }
+}
+
+// The W4A4 linear's promotion records (ThreadRows::record): the unit's 16 code values summed, then the 64-group's
+// 4 lanes (unit columns 4g..4g+3, neighbouring lanes for every format), stored with the group's scale by the
+// group's first lane. Warp-uniform: every lane shuffles.
+__device__ __forceinline__ void StorePromotionRecord(const uint4& codes, float scale, float2* record, bool store) {
+  float s = SumE4m3x16(codes);
+  s += __shfl_xor_sync(0xffffffffu, s, 1);
+  s += __shfl_xor_sync(0xffffffffu, s, 2);
+  if (store && (threadIdx.x & 3) == 0) *record = PromotionRecord(s, scale);
 }
 
 template <ActFormat kFormat>
@@ -506,12 +527,17 @@ __device__ __forceinline__ void StoreScale(const GroupScale& g, uint8_t* scale) 
 
 template <ActFormat kFormat, bool kClamp, int kUnits, int kRowStep>
 __device__ __forceinline__ void StoreUnitsFast(const float (&xh)[kUnits][kUnitK], const float (&divisor)[kUnits],
-                                               const float (&divisor_rcp)[kUnits], const ThreadRows& rows,
-                                               uint32_t q_chunk, bool col_valid) {
+                                               const float (&divisor_rcp)[kUnits], const float (&scale)[kUnits],
+                                               const ThreadRows& rows, uint32_t q_chunk, uint32_t record_chunk,
+                                               bool col_valid) {
 #pragma unroll
   for (int i = 0; i < kUnits; ++i) {
-    StoreUnit<kFormat, false, kClamp>(xh[i], divisor[i], divisor_rcp[i], 0.0f, rows.q + (q_chunk + i * rows.q_step),
-                                      col_valid && i * kRowStep < rows.rows_left);
+    const bool inside = col_valid && i * kRowStep < rows.rows_left;
+    const uint4 codes = StoreUnit<kFormat, false, kClamp>(xh[i], divisor[i], divisor_rcp[i], 0.0f,
+                                                          rows.q + (q_chunk + i * rows.q_step), inside);
+    if (rows.record != nullptr) {
+      StorePromotionRecord(codes, scale[i], rows.record + (record_chunk + i * rows.record_step), inside);
+    }
   }
 }
 
@@ -520,7 +546,7 @@ __device__ __forceinline__ void StoreUnitsFast(const float (&xh)[kUnits][kUnitK]
 template <class T, ActFormat kFormat, int kUnits, int kRowStep>
 __device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambdas& lambdas, const ThreadRows& rows,
                                               int unit_column, uint32_t q_chunk, uint32_t scale_chunk,
-                                              uint32_t scale_step, bool col_valid) {
+                                              uint32_t scale_step, uint32_t record_chunk, bool col_valid) {
   using F = Format<kFormat>;
   // This lane's position in its group: on the fast path lane u < kUnits computes (and stores) the
   // scale of unit u for the whole group; on the exact path lane 0 stores them all.
@@ -555,16 +581,19 @@ __device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambd
     const GroupScale mine = ScaleOf<T, kFormat, false>(my_amax);
     if (group_lane < kUnits && unit_inside(group_lane)) StoreScale<kFormat>(mine, rows.scale + scale_chunk);
     const int group_base = (threadIdx.x & 31) - group_lane;
-    float divisor[kUnits], divisor_rcp[kUnits];
+    float divisor[kUnits], divisor_rcp[kUnits], scale[kUnits] = {};
 #pragma unroll
     for (int i = 0; i < kUnits; ++i) {
       divisor[i] = __shfl_sync(0xffffffffu, mine.divisor, group_base + i);
       divisor_rcp[i] = __shfl_sync(0xffffffffu, mine.divisor_rcp, group_base + i);
+      if (rows.record != nullptr) scale[i] = __shfl_sync(0xffffffffu, mine.scale, group_base + i);
     }
     if (!__any_sync(0xffffffffu, group_lane < kUnits && mine.needs_clamp)) {
-      StoreUnitsFast<kFormat, false, kUnits, kRowStep>(xh, divisor, divisor_rcp, rows, q_chunk, col_valid);
+      StoreUnitsFast<kFormat, false, kUnits, kRowStep>(xh, divisor, divisor_rcp, scale, rows, q_chunk, record_chunk,
+                                                        col_valid);
     } else {
-      StoreUnitsFast<kFormat, true, kUnits, kRowStep>(xh, divisor, divisor_rcp, rows, q_chunk, col_valid);
+      StoreUnitsFast<kFormat, true, kUnits, kRowStep>(xh, divisor, divisor_rcp, scale, rows, q_chunk, record_chunk,
+                                                        col_valid);
     }
   } else {
     // Rare (values or lambdas outside the fast division's domain): redo with __fdiv_rn.
@@ -575,8 +604,11 @@ __device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambd
     for (int i = 0; i < kUnits; ++i) {
       const GroupScale g = ScaleOf<T, kFormat, true>(amax[i]);
       if (group_lane == 0 && unit_inside(i)) StoreScale<kFormat>(g, rows.scale + (scale_chunk + i * scale_step));
-      StoreUnit<kFormat, true, true>(xh[i], g.divisor, g.divisor_rcp, g.scale, rows.q + (q_chunk + i * rows.q_step),
-                                     unit_inside(i));
+      const uint4 codes = StoreUnit<kFormat, true, true>(xh[i], g.divisor, g.divisor_rcp, g.scale,
+                                                         rows.q + (q_chunk + i * rows.q_step), unit_inside(i));
+      if (rows.record != nullptr) {
+        StorePromotionRecord(codes, g.scale, rows.record + (record_chunk + i * rows.record_step), unit_inside(i));
+      }
     }
   }
 }
@@ -586,7 +618,7 @@ __device__ __forceinline__ void QuantizeUnits(uint32_t x_unit, const ColumnLambd
 template <class T, ActFormat kFormat, int kUnits, int kPasses, int kRowStep>
 __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, const ThreadRows& rows,
                                               int unit_column, uint32_t q_chunk, uint32_t scale_chunk,
-                                              uint32_t scale_step, bool col_valid) {
+                                              uint32_t scale_step, uint32_t record_chunk, bool col_valid) {
   // Not unrolled: one pass of X̂ and column lambdas live at a time keeps the instance within its register
   // cap (other warps, not unrolling, hide each pass's shuffle latency).
 #pragma unroll 1
@@ -596,9 +628,10 @@ __device__ __forceinline__ void QuantizeChunk(uint32_t x_unit, uint32_t table, c
     ThreadRows pass_rows = rows;
     pass_rows.q = rows.q + pass * kUnits * rows.q_step;
     pass_rows.scale = rows.scale + pass * kUnits * scale_step;
+    if (rows.record != nullptr) pass_rows.record = rows.record + pass * kUnits * rows.record_step;
     pass_rows.rows_left = rows.rows_left - pass * kPassRows;
     QuantizeUnits<T, kFormat, kUnits, kRowStep>(x_unit + pass * kPassRows * kXRowBytes, lambdas, pass_rows,
-                                                unit_column, q_chunk, scale_chunk, scale_step, col_valid);
+                                                unit_column, q_chunk, scale_chunk, scale_step, record_chunk, col_valid);
   }
 }
 
@@ -646,6 +679,12 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   rows.scale = p.scales + (row0 + first_row) * scale_row_bytes + group_lane * scale_step +
                (F::kFp8 ? 0 : unit_column / F::kGroupLanes * 2);
   rows.q_step = Cfg::kQuantRowStep * q_row_bytes;
+  // The W4A4 linear's promotion records, (rows, k/64): this lane's 64-group of its first row.
+  const uint32_t records_per_row = k / 64;
+  rows.record = kBlockRows != 16 || p.promotion_records == nullptr  // ActQuantWritesPromotionRecords
+                    ? nullptr
+                    : p.promotion_records + (row0 + first_row) * records_per_row + unit_column / 4;
+  rows.record_step = Cfg::kQuantRowStep * records_per_row;
   rows.rows_left = rows_left - first_row;
 
   const int rank = kRankCap == 0 ? 0 : p.rank;
@@ -811,7 +850,8 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
     if (i == num_local_chunks - 1) earlier_arrivals = publish_la();
     QuantizeChunk<T, kFormat, Cfg::kUnits, Cfg::kPasses, Cfg::kQuantRowStep>(
         x_tile(slot) + x_unit, table(i), rows, unit_column, chunk * (kChunkK * F::kUnitQBytes / kUnitK),
-        chunk * 4 /* one fp32 or two 16-bit scales per row */, scale_step, chunk * kChunkK + unit_column * kUnitK < p.k);
+        chunk * 4 /* one fp32 or two 16-bit scales per row */, scale_step, chunk * 2 /* records per row */,
+        chunk * kChunkK + unit_column * kUnitK < p.k);
     slot = slot + 1 == Cfg::kStages ? 0 : slot + 1;
     full_phase ^= slot == 0;
   }
@@ -966,6 +1006,7 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   if (launch.workspace_bytes > 0 && (args.workspace == nullptr || args.workspace_bytes < launch.workspace_bytes)) {
     return cudaErrorInvalidValue;
   }
+  if (args.promotion_records != nullptr && !ActQuantWritesPromotionRecords(launch)) return cudaErrorInvalidValue;
   Params params = {};
   params.smooth = args.smooth;
   params.q = static_cast<uint8_t*>(args.q);
@@ -977,6 +1018,7 @@ cudaError_t LaunchActQuant(const ActQuantArgs& args, cudaStream_t stream) {
   params.num_chunks = static_cast<int>((args.k + kChunkK - 1) / kChunkK);
   params.k_splits = launch.k_splits;
   params.tokens_ready = args.tokens_ready;
+  params.promotion_records = args.promotion_records;
   if (launch.workspace_bytes > 0) {
     params.la_partials = static_cast<float*>(args.workspace);
   }

@@ -29,6 +29,11 @@ struct ActQuantArgs {
   // The W4A4 linear: every CTA adds 1 to this counter (release, GPU scope) once its codes and scales are
   // stored; the GEMM launched next waits for all of them and re-arms it (w4a4_gemm.h, act_quant_ctas).
   uint32_t* tokens_ready = nullptr;
+  // The W4A4 linear: the W4A4 GEMM's promotion records, (rows, k/64) x (scale, offset term) fp32
+  // (w4a4_gemm_plan.h, W4A4PromotionRecordsBytes), stored with the codes (before the tokens_ready arrival);
+  // nullptr: none. Only where ActQuantWritesPromotionRecords (the launch plan's 16-row blocks); elsewhere the
+  // launch fails with cudaErrorInvalidValue.
+  float2* promotion_records = nullptr;
   HalfType dtype;
   ActFormat format;
 };

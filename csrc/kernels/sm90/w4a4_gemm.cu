@@ -16,11 +16,13 @@
 //     per 8 weights; the tensor cores are the bound there, so no extra wgmma (session 16, 8192^3: offset codes
 //     with the correction wgmmas 1.71 -> 1.89-1.93 ms; without any correction, wrong numbers, 1.43).
 //   decode (8, 16, 32 tokens; issue-bound): offset codes, the byte u = q + 8 in [0, 15], which read as e4m3
-//     is exactly u·2^-9 (mask, shift, 2 prmt: 5 instructions per 8 weights). After each k32 wgmma of a
-//     unit, a correction wgmma with the same B and a constant A (every byte e4m3 0x88 = -8·2^-9, a 2 KB
-//     tile in shared memory: no registers, no instructions) adds -8·2^-9 Σ_k x, so the partial is
-//     2^-9 Σ x q (e4m3 products are exact; the tensor core's accumulation rounds as before, on partials
-//     up to ~2x larger); 2^9 is applied with α. Same B operand for int4, uint4 and fp8 activations.
+//     is exactly u·2^-9 (mask, shift, 2 prmt: 5 instructions per 8 weights), so a unit's partial is
+//     2^-9 Σ x (q + 8). The promotion cancels the offset with the token's promotion record (s_x, c) of the
+//     group, c = -2^-6 S s_x with S = Σ_k x its code sum (W4A4PromotionRecordsBytes: written by act_quant in
+//     the W4A4 linear, else by PromotionRecordsKernel before the GEMM): acc = fma(fma(partial, s_x, c), s_w,
+//     acc), where partial·s_x + c = s_x·2^-9 Σ x q is rounded once, as partial·s_x was when a correction wgmma
+//     per k32 wgmma (A = -8·2^-9) formed 2^-9 Σ x q on the tensor cores (until session 48: 4.4% of
+//     16 x 28672 x 8192, 6.4% at 32 tokens). 2^9 is applied with α. Same for int4, uint4 and fp8 activations.
 // Expanded weights (long prefills, from kW4A4ExpandedWeightsMinTokens tokens, the last instance: the 128-token
 //   tile): ExpandWeightsKernel first writes the whole weight matrix as e4m3 codes, (n, k) row-major, into
 //   the workspace (with the prefill table above: exact), and the GEMM's TMA loads 16 KB stages of it with
@@ -82,7 +84,7 @@
 //
 // Main loop of a consumer warpgroup, per stage (2 groups of 64 k) and per slice of <= 64 tokens:
 //   unit (slice, group): two wgmma k32 into the fresh partial set part[group] (scale-d = 0 on the
-//   first; decode: each followed by its correction wgmma), commit; wgmma.wait_group(1) retires the
+//   first), commit; wgmma.wait_group(1) retires the
 //   previous unit, which is then promoted: acc = fma(part · s_x[m], s_w[n], acc). So each promotion
 //   overlaps the next unit's wgmmas (two partial sets, wait_group(1)); the stage's last unit is promoted
 //   after wait_group(0), then the stage is released (the other consumer warpgroup's wgmmas fill the
@@ -143,12 +145,12 @@
 // phantom tile: it issues its token half for the peer, skips its private loads, and stores nothing.
 //
 // Shared memory (W4A4Plan, python -m jax_w4a4.budget; static_assert'ed here, + 1 KB to align the base;
-// decode tiles include the 2 KB correction operand, filled once by the last warpgroup at kernel start):
+// every tile keeps a 16-byte activation-scale record per token and stage, kW4A4ActScalePitch):
 //   tokens  cluster  CTAs/SM  main stages  low-rank stages  total
-//      8       1        2          7             2          114304 B
-//     16       1        2          7             1          106112 B
-//     32       1        1          8             2          176384 B   (16-byte activation-scale rows)
-//     64       1        1          7             2          226048 B   (16-byte activation-scale rows)
+//      8       1        2          7             2          112256 B
+//     16       1        2          7             1          104960 B
+//     32       1        1          8             2          174336 B
+//     64       1        1          7             2          226048 B
 //    128       2        1          6             1          229504 B   (of 231424: 227 KB less the slack)
 //    128       2        1          3             2          206464 B   (expanded weights: 16 KB stages)
 // Two CTAs per SM (8- and 16-token tiles, W4A4CtasPerSm): each plan is solved against half the SM
@@ -182,9 +184,8 @@
 //         8 tokens: 115 (M <= 8: half the promotion and activation-scale work of the 16-token tile);
 //        32 tokens: 286.5 -> 193.5.
 //      8 warps x 137 / 4 schedulers = 274 issue clk per 8 KB: ~7 TB/s at full issue over 132 SMs, so
-//      memory-bound again at >= 60% issue efficiency (8 tokens: 230 clk). The tensor cores run 8 small
-//      wgmmas per stage per warpgroup (4 of them the corrections, whose A tile costs 2 KB of shared-memory
-//      reads each). Measured (session 4): the consumers' per-stage chain with 2 consumer warps per
+//      memory-bound again at >= 60% issue efficiency (8 tokens: 230 clk). (Counted with the correction
+//      wgmmas of sessions 3-47.) Measured (session 4): the consumers' per-stage chain with 2 consumer warps per
 //      scheduler was the limit, not the rounds of tiles nor the ring depth: two CTAs per SM took
 //      1 x 28672 x 8192 from 51.5 to ~45 us; stream-K keeps all CTAs busy when the tiles do not divide.
 //   fp8 activations could promote with 3 ops per 2 groups (s_x is per 128).
@@ -199,6 +200,7 @@
 
 #include "common/arrival_counters.h"
 #include "common/device_info.h"
+#include "common/promotion_records.h"
 #include "common/ptx.h"
 #include "common/tma.h"
 #include "common/wgmma.h"
@@ -211,7 +213,7 @@ namespace {
 using budget::Lifetime;
 using budget::Sharing;
 using tma::BulkLoad;
-using tma::CpAsync4;
+using tma::CpAsync;
 using tma::CpAsyncArriveNoinc;
 using tma::EncodeTiled;
 using tma::MapAddr;
@@ -237,7 +239,6 @@ enum PlanObject : int {
   kObjAlphaBeta,
   kObjStaging,
   kObjBarriers,
-  kObjCorrection,
 };
 
 constexpr bool StartsWith(const char* s, const char* prefix) {
@@ -294,7 +295,6 @@ struct Config {
   // Long prefills: e4m3 weights expanded before the GEMM (ExpandWeightsKernel), A fragments by ldmatrix.
   static constexpr bool kExpandedWeights = kShape.expanded_weights;
   static_assert(!(kOffsetWeights && kExpandedWeights));
-  static constexpr int kCorrectionBytes = kOffsetWeights ? kW4A4CorrectionBytes : 0;
   static constexpr int kHalfRows = kTileM / kCluster;        // token rows each CTA of the cluster issues
 
   // One buffer of each object (bytes), as the kernel uses it.
@@ -303,7 +303,7 @@ struct Config {
   static constexpr int kActBytes = kTileM * kTileK;          // e4m3 codes
   static constexpr int kActHalfBytes = kHalfRows * kTileK;
   static constexpr bool kScaleProductTile = W4A4ScaleProductMma(kShape);  // with 16-bit activation scales
-  static constexpr int kActScalePitch = W4A4ActScalePitch(kShape);  // bytes per token row of the scale buffer
+  static constexpr int kActScalePitch = kW4A4ActScalePitch;  // bytes per token record of the scale buffer
   static constexpr int kActScaleBytes = kTileM * kActScalePitch;   // 2 x 16-bit (int4/uint4) or 1 x fp32 (fp8)
   static constexpr int kLoraUpBytes = kLoraChunk * kTileN * 2;
   static constexpr int kLaF32Bytes = kTileM * kLoraChunk * 4;
@@ -368,10 +368,6 @@ struct Config {
   static_assert(ObjectIs(kObjBarriers, "mbarriers", kPlan.objects[kObjBarriers].bytes, 1, Sharing::kPrivate,
                          Lifetime::kKernel));
   static_assert(kBarriers * budget::kMbarrierBytes <= kPlan.objects[kObjBarriers].bytes, "mbarrier count");
-  static_assert(ObjectIs(kObjCorrection, "offset correction", kCorrectionBytes, 1, Sharing::kPrivate,
-                         Lifetime::kKernel));
-  static_assert(kCorrectionBytes == 0 || kCorrectionBytes == 16 * kConsumerThreads,
-                "one warpgroup fills the correction tile, 16 bytes a thread");
   // The byte accounting of a main stage: what the full barrier waits for is the plan's tx bytes, and
   // what this CTA's TMA issues is the plan's issue split (the activation scales, by cp.async, are not split).
   static_assert(kMainTmaTxBytes + kMainCpAsyncBytes == kPlan.main_stage_tx_bytes(), "main stage tx bytes");
@@ -403,8 +399,7 @@ struct Smem {
   static constexpr int64_t kActScales = kWeightScales + Footprint(kObjWeightScales);
   static constexpr int64_t kAlphaBeta = kActScales + Footprint(kObjActScales);
   static constexpr int64_t kBarriers = kAlphaBeta + Footprint(kObjAlphaBeta);
-  static constexpr int64_t kCorrection = kBarriers + Footprint(kObjBarriers);
-  static constexpr int64_t kEnd = kCorrection + Footprint(kObjCorrection);
+  static constexpr int64_t kEnd = kBarriers + Footprint(kObjBarriers);
   static_assert(kEnd == C::kPlan.total_bytes(), "layout == plan");
   static_assert(kActivations % 1024 == 0 && Stride(kObjActivations) % 1024 == 0, "swizzled B operand");
   static_assert(!C::kExpandedWeights || (kWeights % 1024 == 0 && Stride(kObjWeights) % 1024 == 0),
@@ -414,7 +409,6 @@ struct Smem {
   static_assert(kStaging % 1024 == 0 && C::kTileM * 128 % 1024 == 0, "swizzled staging, per warpgroup");
   static_assert(kLaF32 % 128 == 0 && kWeightScales % 128 == 0 && kActScales % 128 == 0 && kAlphaBeta % 128 == 0 &&
                 kBarriers % 8 == 0, "TMA / bulk-copy destinations");
-  static_assert(kCorrection % 16 == 0, "wgmma operand");
   static_assert(Stride(kObjWeights) == C::kWeightBytes && Stride(kObjLoraUp) == C::kLoraUpBytes);
 
   // Barrier indices.
@@ -431,6 +425,7 @@ struct Smem {
 
 struct KernelParams {
   const uint8_t* s_x;      // activation scales, (m, k/32) bytes per token row
+  const float2* promotion_records;  // decode tiles: (m, k/64) promotion records (W4A4PromotionRecordsBytes)
   const uint8_t* wscales;  // weight scales, stage-major: k/128 rows of n x 4 bytes (2 groups per column)
   const float* alpha;      // nullptr when absent
   const void* bias;        // nullptr when absent
@@ -583,7 +578,7 @@ __device__ __forceinline__ uint32_t LowNibblesXor(uint32_t a, uint32_t flip) {
 // The even nibbles masked in place and the odd ones shifted down give bytes (q0, q2, q4, q6) and (q1, q3,
 // q5, q7), + 8 each; two prmt interleave them into Int4x8ToE4m3's byte order: nibbles 0-3 -> `lo`, 4-7 ->
 // `hi`. 5 instructions per 8 values (LOP3, SHF + LOP3, 2 PRMT) instead of 11. The wgmma then sums
-// 2^-9 Σ x (q + 8); the correction wgmmas (A = kOffsetCorrection) and 2^9 with α turn it into Σ x q.
+// 2^-9 Σ x (q + 8); the promotion records (PromoteOffset) and 2^9 with α turn it into Σ x q.
 // Modelled instruction by instruction in tests/test_w4a4_conversion.py.
 __device__ __forceinline__ void Int4x8ToOffsetE4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
   const uint32_t even = LowNibblesXor(w, 0x08080808u);
@@ -591,10 +586,6 @@ __device__ __forceinline__ void Int4x8ToOffsetE4m3(uint32_t w, uint32_t& lo, uin
   lo = __byte_perm(even, odd, 0x5140);  // even byte 0, odd byte 0, even byte 1, odd byte 1
   hi = __byte_perm(even, odd, 0x7362);  // even byte 2, odd byte 2, even byte 3, odd byte 3
 }
-
-// The A operand of the correction wgmmas (shared memory, Smem::kCorrection): e4m3 0x88 = -2^-6 = -8·2^-9
-// in every byte, so that D += -8·2^-9 Σ_k x[m, k] cancels the offset exactly (e4m3 products are exact).
-constexpr uint32_t kOffsetCorrection = 0x88888888u;
 
 // A thread's two k32 A fragments of one group: word j of the 16-byte load -> registers 2j, 2j+1;
 // registers 0-3 are k-step 0, 4-7 k-step 1 (formats/svdq_layout.py).
@@ -904,14 +895,22 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
           }
         }
       }
-      // Activation scale rows, 4 bytes per token and stage ([token][2 x 16-bit | fp32]), from the (m, k/64)
-      // or (m, k/128) layout act_quant writes. A rolled loop: few live registers in the 40-register producer.
+      // Per token and stage: decode tiles, the stage's two promotion records (16 bytes of the (m, k/64) records);
+      // prefill tiles, 4 bytes of scales ([2 x 16-bit | fp32]) from the (m, k/64) or (m, k/128) layout act_quant
+      // writes. A rolled loop: few live registers in the 40-register producer.
       const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + C::kActScalePitch * lane;
       const uint8_t* xscale_src = xscale_rows + 4 * ks;
 #pragma unroll 1
       for (int r = lane; r < C::kTileM; r += 32, xscale_src += 32 * scale_row_bytes) {
         const bool in = tile.m0 + r < p.m;  // rows past M read nothing and land as zeros
-        CpAsync4(xscale_dst + C::kActScalePitch * (r - lane), in ? xscale_src : p.s_x, in ? 4 : 0);
+        const uint32_t dst = xscale_dst + C::kActScalePitch * (r - lane);
+        if constexpr (C::kOffsetWeights) {
+          // The records sit at 4 times the scales' byte offset (k/8 against k/32 bytes a row).
+          const auto* records = reinterpret_cast<const uint8_t*>(p.promotion_records);
+          CpAsync<16>(dst, in ? records + 4 * (xscale_src - p.s_x) : records, in ? 16 : 0);
+        } else {
+          CpAsync<4>(dst, in ? xscale_src : p.s_x, in ? 4 : 0);
+        }
       }
       CpAsyncArriveNoinc(full);
       state.Advance();
@@ -1058,6 +1057,28 @@ __device__ __forceinline__ void Promote(float (&acc)[C::kSliceN / 2], const floa
   }
 }
 
+// Decode tiles (offset weights): acc += (part · s_x[token] + c[token]) · s_w[column] with the token's promotion
+// record (s_x, c = -8·2^-9 S s_x, S its code sum), so that part (2^-9 Σ x (q + 8)) loses its offset inside the
+// first FFMA, rounded once. The records are loaded at the promotion: loaded with the stage, the 32-token tile's
+// cost more registers than they saved latency (session 48); and formed before the GEMM, as its scale and c
+// decoded and multiplied here cost 5% at 16 and 32 tokens (session 49).
+template <class C>
+__device__ __forceinline__ void PromoteOffset(float (&acc)[C::kSliceN / 2], const float (&part)[C::kSliceN / 2],
+                                              uint32_t records, int slice, int group, int t, const float (&sw)[2]) {
+#pragma unroll
+  for (int i = 0; i < C::kSliceN / 8; ++i) {
+    const uint32_t a = records + C::kActScalePitch * (slice * C::kSliceN + 8 * i + 2 * t) +  // token 8i + 2t
+                       kW4A4PromotionRecordBytes * group;
+    const uint2 ra = Lds64(a), rb = Lds64(a + C::kActScalePitch);  // and the next token
+    const float sa = __uint_as_float(ra.x), ca = __uint_as_float(ra.y);
+    const float sb = __uint_as_float(rb.x), cb = __uint_as_float(rb.y);
+    acc[4 * i + 0] = fmaf(fmaf(part[4 * i + 0], sa, ca), sw[0], acc[4 * i + 0]);
+    acc[4 * i + 1] = fmaf(fmaf(part[4 * i + 1], sb, cb), sw[0], acc[4 * i + 1]);
+    acc[4 * i + 2] = fmaf(fmaf(part[4 * i + 2], sa, ca), sw[1], acc[4 * i + 2]);
+    acc[4 * i + 3] = fmaf(fmaf(part[4 * i + 3], sb, cb), sw[1], acc[4 * i + 3]);
+  }
+}
+
 // acc += part · (s_w[column] s_x[token]) with the products from the scale wgmma (W4A4ScaleProductMma).
 template <int kN>
 __device__ __forceinline__ void PromoteScaled(float (&acc)[kN / 2], const float (&part)[kN / 2],
@@ -1095,10 +1116,6 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   };
 
   constexpr int kPartSets = C::kPartSets;
-  // Offset weights (decode): A operand of the correction wgmmas, the constant tile in shared memory (K-major,
-  // no swizzle; every byte is the same, so only the extent of the layout matters: 8 x 2 core matrices of
-  // 128 B, 128 B apart along k and 256 B apart along the rows = the 2 KB tile).
-  const uint64_t desc_correction = MakeSmemDesc(smem + static_cast<uint32_t>(L::kCorrection), 128, 256, kSwizzleNone);
   float acc[kSlices][kSliceN / 2];
   float part[kPartSets][kSliceN / 2];
   // The scale-product path (W4A4ScaleProductMma, 16-bit activation scales): s_w[n]·s_x[m] per unit from a wgmma.
@@ -1126,7 +1143,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     static_assert(!kScaleMma || kSets >= 2, "unit u's products are issued while unit u - 1's are being promoted");
     int stage[kU] = {};
     uint32_t a[kU][2][8];  // the register A fragments: [stage][group][k-step 0: 0-3, 1: 4-7]
-    uint32_t act_scales[kU];
+    uint32_t act_scales[kU] = {};
     // Promotion with the scale wgmma: its A operand, group gi's weight scales at k = gi (lanes with t == 0).
     [[maybe_unused]] uint32_t sw_frag[kU][2][4];
     // Promotion without it: the decoded weight scales and the activation-scale words, loaded as each stage
@@ -1141,6 +1158,8 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       if constexpr (kScaleMma) {
         FenceOperands(scale_products[u % kSets]);
         PromoteScaled<kSliceN>(acc[sl], part[u % kSets], scale_products[u % kSets]);
+      } else if constexpr (C::kOffsetWeights) {
+        PromoteOffset<C>(acc[sl], part[u % kSets], act_scales[j], sl, gi, t, sw[j][gi]);
       } else {
         Promote<C, OutT, kFp8Act>(acc[sl], part[u % kSets], act_scale_words[j][sl], gi, sw[j][gi]);
       }
@@ -1178,7 +1197,7 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         WeightFragments<C::kOffsetWeights>(Lds128(fragments + kWeightBlockBytes), a[j][1]);
       }
       act_scales[j] = smem + L::kActScales + stage[j] * L::Stride(kObjActScales);
-      if constexpr (!kScaleMma) {
+      if constexpr (!kScaleMma && !C::kOffsetWeights) {
 #pragma unroll
         for (int sl = 0; sl < kSlices; ++sl) LoadActScaleWords<C>(act_scales[j], sl, t, act_scale_words[j][sl]);
       }
@@ -1197,13 +1216,9 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         FenceOperands(part[u % kSets]);
         if constexpr (kScaleMma) FenceOperands(scale_products[u % kSets]);
         WgmmaFence();
-        // Offset weights: each k-step's correction (- 8·2^-9 Σ_k x) right after it, so that the running
-        // partial never holds the uncorrected sum of both k-steps (smaller magnitudes, smaller rounding).
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
-          const uint64_t desc_b = desc_x + ((offset + 32 * kk) >> 4);
-          Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4 * kk, desc_b, kk);
-          if constexpr (C::kOffsetWeights) Wgmma<kSliceN>::E4m3Smem(part[u % kSets], desc_correction, desc_b);
+          Wgmma<kSliceN>::E4m3(part[u % kSets], a[j][gi] + 4 * kk, desc_x + ((offset + 32 * kk) >> 4), kk);
         }
         if constexpr (kScaleMma) {
           // Unit u's scale products, in its partial's commit group. K-major, no swizzle: 8-token core matrices
@@ -1444,15 +1459,6 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
     }
     tma::FenceMbarInit();
   }
-  if constexpr (C::kOffsetWeights) {
-    // The correction wgmmas' constant A tile; the async proxy (wgmma) reads it after the barrier below.
-    if (threadIdx.x >= kThreads - kConsumerThreads) {
-      const uint32_t i = threadIdx.x - (kThreads - kConsumerThreads);
-      Sts128(smem + static_cast<uint32_t>(L::kCorrection) + 16 * i,
-             uint4{kOffsetCorrection, kOffsetCorrection, kOffsetCorrection, kOffsetCorrection});
-      FenceProxyAsync();
-    }
-  }
   if constexpr (kUsesScaleProducts<C, kFp8Act>) {
     // The scale wgmma reads whole 16-byte token rows of the activation-scale buffers; cp.async fills only the
     // first 4 bytes, so the rest is zeroed once here (and made visible to the async proxy).
@@ -1487,6 +1493,23 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if constexpr (C::kCluster > 1) ptx::ClusterSync();
+}
+
+// Decode tiles without act_quant's promotion records (the GEMM called on its own): one thread per token and group,
+// from the group's codes (q_x is (m, k) row-major, so group i of the (m, k/64) records is codes [64 i, 64 i + 64))
+// and its scale (the 4-byte word i / 2 of s_x: two 16-bit scales, or the fp32 scale of 128), with act_quant's
+// functions (common/promotion_records.h), so the same bits.
+template <class OutT, bool kFp8Act>
+__global__ void __launch_bounds__(256) PromotionRecordsKernel(const uint4* __restrict__ q_x,
+                                                              const uint32_t* __restrict__ s_x,
+                                                              float2* __restrict__ records, int64_t count) {
+  ptx::LaunchDependents();  // the GEMM, launched next with programmatic dependent launch, starts and sets up
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  float sum = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) sum += SumE4m3x16(q_x[4 * i + c]);
+  records[i] = PromotionRecord(sum, GroupScale<OutT, kFp8Act>(s_x[i / 2], static_cast<int>(i % 2)));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1542,6 +1565,23 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
 
   KernelParams p{};
   p.s_x = static_cast<const uint8_t*>(args.s_x);
+  bool records_launched = false;
+  if constexpr (C::kOffsetWeights) {
+    const int64_t offset = W4A4PromotionRecordsOffset(m, n, k, args.num_sms);
+    if (args.workspace == nullptr || !Aligned16(args.workspace) ||
+        args.workspace_bytes < offset + W4A4PromotionRecordsBytes(m, k)) {
+      return cudaErrorInvalidValue;
+    }
+    auto* records = reinterpret_cast<float2*>(static_cast<uint8_t*>(args.workspace) + offset);
+    p.promotion_records = records;
+    if (!args.promotion_records_written) {
+      const int64_t count = int64_t{m} * (k / kW4A4WeightGroup);
+      PromotionRecordsKernel<OutT, kFp8Act><<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(
+          reinterpret_cast<const uint4*>(args.q_x), static_cast<const uint32_t*>(args.s_x), records, count);
+      if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+      records_launched = true;
+    }
+  }
   p.wscales = static_cast<const uint8_t*>(args.wscales);
   p.alpha = args.alpha;
   p.bias = args.bias;
@@ -1602,7 +1642,7 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   }
   config.gridDim = dim3(clusters * C::kCluster);
   p.act_quant_ctas = args.act_quant_ctas;
-  config.numAttrs = args.after_act_quant && !C::kExpandedWeights ? 2 : 1;
+  config.numAttrs = (args.after_act_quant || records_launched) && !C::kExpandedWeights ? 2 : 1;
   return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_la, tm_up, tm_y, p);
 }
 

@@ -42,6 +42,11 @@ struct W4A4GemmSm90Args {
   // codes and scales are stored (ActQuantArgs::tokens_ready), and the GEMM loads the tokens when all have,
   // not when act_quant ends; its last CTA re-arms the counter. 0: the tokens are ready when act_quant ends.
   uint32_t act_quant_ctas = 0;
+  // Decode tiles (w4a4_gemm_plan.h, W4A4PromotionRecordsBytes): the tokens' promotion records in the workspace
+  // (at W4A4PromotionRecordsOffset). In the W4A4 linear act_quant writes them (ActQuantArgs::promotion_records);
+  // otherwise the launcher forms them from q_x and s_x first (PromotionRecordsKernel) and launches the GEMM after
+  // it as after act_quant.
+  bool promotion_records_written = false;
 };
 
 // The shapes the kernel serves: n and k positive multiples of 128, rank a multiple of 16 in [0, 256],

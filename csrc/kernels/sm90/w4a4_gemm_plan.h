@@ -38,21 +38,23 @@ inline constexpr int kW4A4MaxMainStages = 8;
 inline constexpr int kW4A4MinMainStages = 3;    // below this the MMA waits on TMA latency
 
 // Decode tiles (few tokens) are bound by the consumers' instruction issue, not by the tensor cores: they
-// convert the weights to offset codes (q + 8, cheaper) and cancel the offset with extra wgmmas whose A
-// operand is a constant e4m3 tile kept in shared memory (64 rows x k32).
+// convert the weights to offset codes (q + 8, cheaper) and cancel the offset at promotion with the token's
+// code sum S = Σ_{k in group} x[m, k], which its promotion record brings (W4A4PromotionRecordsBytes).
+// (Until session 48 a second wgmma after every k32 wgmma, A = the constant -8·2^-9, did it on the tensor
+// cores: 4.4% of 16 x 28672 x 8192 and 6.4% at 32 tokens, benchmarks/NOTES.md.)
 constexpr bool W4A4OffsetWeights(const W4A4Shape& s) { return s.tile_m <= 32; }
-inline constexpr int kW4A4CorrectionBytes = 64 * 32;
 
-// Tiles of 32 tokens and more with 16-bit activation scales form the per-group scale products s_w[n]·s_x[m]
-// on the tensor cores: one wgmma m64nNk16 bf16/fp16 per unit (A = the two weight-group scales in registers,
-// B = the activation scales in shared memory; products of 16-bit values are exact in fp32), so a promotion
-// is one FFMA per accumulator instead of FMUL + FFMA and the scales are neither loaded nor decoded by the
-// consumers. The B operand is K-major without swizzle: a 16-byte row per token, its 4-byte scale word
-// (k = 0, 1) first; the other 12 bytes stay zero. Smaller tiles keep 4 bytes per token: at 16 tokens the
-// extra wgmma per unit cost more than it saved (session 8: 16 x 28672 x 8192 48.0 -> 50.9 us; 32 tokens
-// 62.0 -> 59.6 us).
-constexpr bool W4A4ScaleProductMma(const W4A4Shape& s) { return s.tile_m >= 32; }
-constexpr int W4A4ActScalePitch(const W4A4Shape& s) { return W4A4ScaleProductMma(s) ? 16 : 4; }
+// Prefill tiles with 16-bit activation scales form the per-group scale products s_w[n]·s_x[m] on the tensor
+// cores: one wgmma m64nNk16 bf16/fp16 per unit (A = the two weight-group scales in registers, B = the
+// activation scales in shared memory; products of 16-bit values are exact in fp32), so a promotion is one
+// FFMA per accumulator instead of FMUL + FFMA and the scales are neither loaded nor decoded by the consumers.
+// Decode tiles promote on the ALU: at 16 tokens the extra wgmma per unit cost more than it saved (session 8:
+// 16 x 28672 x 8192 48.0 -> 50.9 us), and with the promotion records the 32-token tile gains too (session 49).
+constexpr bool W4A4ScaleProductMma(const W4A4Shape& s) { return !W4A4OffsetWeights(s); }
+// Per token and main stage 16 bytes in shared memory. Decode tiles: the promotion records of the stage's two
+// groups. Prefill tiles: the 4-byte scale word (two 16-bit scales, or fp32 for fp8 activations), then zeros,
+// so that the 16 bytes are the scale wgmma's K-major B row (k = 0, 1: the scale word).
+inline constexpr int kW4A4ActScalePitch = 16;
 
 // Expanded weights (prefill from kW4A4ExpandedWeightsMinTokens tokens): the GEMM's consumers spent ~18% of
 // a long prefill turning int4 fragments into e4m3 in registers (16-byte loads, prmt tables, wgmma with A from
@@ -85,7 +87,7 @@ constexpr int64_t W4A4SmemLimit(const W4A4Shape& s) {
 }
 
 struct W4A4Plan {
-  static constexpr int kObjects = 11;
+  static constexpr int kObjects = 10;
   W4A4Shape shape;
   int main_stages;
   int lora_stages;
@@ -141,9 +143,9 @@ constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
            s.expanded_weights ? swizzled : bulk},
           {"weight scales (16-bit)", s.tile_n * groups * 2, main_stages, Sharing::kPrivate, Lifetime::kMainLoop, bulk},
           {"activations", s.tile_m * k * s.act_value_bits / 8, main_stages, tokens, Lifetime::kMainLoop, swizzled},
-          // int4: two 16-bit scales per 128 k; fp8: one fp32 scale per 128 k — 4 bytes per token either way,
-          // in a row of W4A4ActScalePitch bytes.
-          {"activation scales", int64_t{s.tile_m} * W4A4ActScalePitch(s), main_stages, tokens, Lifetime::kMainLoop,
+          // kW4A4ActScalePitch bytes per token: decode tiles' promotion records, prefill tiles' scale words
+          // (int4: two 16-bit scales per 128 k; fp8: one fp32 scale per 128 k).
+          {"activation scales", int64_t{s.tile_m} * kW4A4ActScalePitch, main_stages, tokens, Lifetime::kMainLoop,
            bulk},
           {"L_up chunk (16-bit)", int64_t{s.lora_chunk} * s.tile_n * 2, lora_stages, Sharing::kPrivate,
            Lifetime::kLowRank, bulk},
@@ -154,8 +156,6 @@ constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
           {"alpha, beta (fp32)", s.tile_n * 8, lora_stages, Sharing::kPrivate, Lifetime::kLowRank, bulk},
           {"output tile staging", int64_t{s.tile_m} * s.tile_n * 2, 1, Sharing::kPrivate, Lifetime::kEpilogue, bulk},
           {"mbarriers", barriers * budget::kMbarrierBytes, 1, Sharing::kPrivate, Lifetime::kKernel, bulk},
-          {"offset correction (e4m3)", W4A4OffsetWeights(s) ? kW4A4CorrectionBytes : 0, 1,
-           Sharing::kPrivate, Lifetime::kKernel, bulk},
       }};
 }
 
@@ -253,15 +253,37 @@ constexpr bool W4A4FlagsFitPool() {
 }
 static_assert(W4A4FlagsFitPool(), "w4a4's stream-K flags must fit the pool below the token-handoff counters");
 
+// Stream-K partials of one launch planned for num_sms SMs (0 without stream-K).
+constexpr int64_t W4A4PartialsBytes(int64_t m, int64_t n, int64_t k, int64_t num_sms) {
+  const W4A4Shape s = kW4A4Shapes[W4A4ShapeIndexForTokens(m)];
+  const int64_t ctas = num_sms * W4A4CtasPerSm(s);
+  return W4A4UsesStreamK(m, n, k, ctas) ? W4A4StreamKWorkspaceBytes(s.tile_m, ctas) : 0;
+}
+
+// Decode tiles' promotion records, (m, k/64) row-major, 8 bytes each: per token and group g the activation
+// scale s (fp32) and c = -8·2^-9·S·s, with S = Σ_{k in group g} x[m, k] the values of the e4m3 codes summed
+// in fp32 (common/promotion_records.h). S is exact in any order: e4m3 values are multiples of 2^-9 and 64 of
+// them sum to less than 64 x 448 < 2^15, so every partial sum fits fp32's 24-bit significand; act_quant (in the
+// W4A4 linear) and the GEMM's own pass over q_x and s_x (alone) give the same bits. They follow the partials
+// in the workspace.
+inline constexpr int kW4A4PromotionRecordBytes = 8;
+constexpr int64_t W4A4PromotionRecordsBytes(int64_t m, int64_t k) {
+  return W4A4OffsetWeights(kW4A4Shapes[W4A4ShapeIndexForTokens(m)])
+             ? m * (k / kW4A4WeightGroup) * kW4A4PromotionRecordBytes
+             : 0;
+}
+constexpr int64_t W4A4PromotionRecordsOffset(int64_t m, int64_t n, int64_t k, int64_t num_sms) {
+  return (W4A4PartialsBytes(m, n, k, num_sms) + 255) / 256 * 256;
+}
+
 // Workspace bytes of one launch planned for num_sms SMs, for the instance's CTAs per SM: the expanded
-// weights, or the stream-K partials, or 0. The FFI lowering sizes the op's workspace result with it
-// (jax_w4a4/ops/primitives.py).
+// weights, or the stream-K partials and the promotion records, or 0. The FFI lowering sizes the op's workspace
+// result with it (jax_w4a4/ops/primitives.py).
 constexpr int64_t W4A4WorkspaceBytes(int64_t m, int64_t n, int64_t k, int64_t num_sms) {
   const W4A4Shape s = kW4A4Shapes[W4A4ShapeIndexForTokens(m)];
   if (s.expanded_weights) return W4A4ExpandedWeightsBytes(n, k);
-  const int64_t ctas = num_sms * W4A4CtasPerSm(s);
-  if (!W4A4UsesStreamK(m, n, k, ctas)) return 0;
-  return W4A4StreamKWorkspaceBytes(s.tile_m, ctas);
+  const int64_t records = W4A4PromotionRecordsBytes(m, k);
+  return records > 0 ? W4A4PromotionRecordsOffset(m, n, k, num_sms) + records : W4A4PartialsBytes(m, n, k, num_sms);
 }
 static_assert(kW4A4Shapes[0].tile_n == 128 && kW4A4Shapes[1].tile_n == 128 && kW4A4Shapes[2].tile_n == 128,
               "stream-K partial slots are sized with the decode tiles' common width");
