@@ -44,7 +44,7 @@ CASE_GROUPS=(
   "w4a4_gemm:M64-N128"
   "w4a4_gemm:M150-N3072 or M333-N128"
   "w4a4_gemm:M1100-N1536"
-  "w4a4_gemm:test_w4a4_linear and (M7- or M16-N128 or M20-N4096 or M200-)"
+  "w4a4_gemm:test_w4a4_linear and (M7- or M16-N128 or M20-N4096 or M200- or few_sms)"
 )
 
 compute-sanitizer --version | tail -1

@@ -36,17 +36,23 @@ ffi::Error W4a4Linear(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smoo
   JAX_W4A4_RETURN_IF_ERROR(W4a4GemmArgsFrom(*q_x, *s_x, *la, qweight, wscales, lora_up, alpha, bias, *y,
                                             *gemm_workspace, act_format, num_sms, gemm));
   if (gemm.m == 0) return ffi::Error::Success();
-  cudaError_t counter_status = cudaSuccess;
-  quantize.tokens_ready = sm90::W4A4GemmTokensReadyCounter(counter_status);
-  JAX_W4A4_RETURN_IF_ERROR(CudaStatus(counter_status, "w4a4_linear token-ready counter"));
   const sm90::ActQuantLaunch plan = sm90::PlanActQuantLaunch(quantize.rows, quantize.k, quantize.rank, quantize.num_sms);
-  gemm.act_quant_ctas = static_cast<uint32_t>(plan.row_blocks * plan.k_splits);
   // Decode tiles: act_quant writes the GEMM's promotion records into the GEMM's workspace with the codes (where
-  // its plan can: else the GEMM forms them from the codes and scales itself).
-  if (sm90::W4A4PromotionRecordsBytes(gemm.m, gemm.k) > 0 && sm90::ActQuantWritesPromotionRecords(plan)) {
+  // its plan can: else the GEMM forms them from the codes and scales itself, in a kernel after act_quant).
+  const bool needs_records = sm90::W4A4PromotionRecordsBytes(gemm.m, gemm.k) > 0;
+  if (needs_records && sm90::ActQuantWritesPromotionRecords(plan)) {
     quantize.promotion_records = reinterpret_cast<float2*>(
         static_cast<uint8_t*>(gemm.workspace) + sm90::W4A4PromotionRecordsOffset(gemm.m, gemm.n, gemm.k, gemm.num_sms));
     gemm.promotion_records_written = true;
+  }
+  // The token handoff: act_quant's CTAs arrive at the counter once their codes are stored, and the GEMM loads
+  // them then. Not when the GEMM forms the records after act_quant (a 64-row plan at decode, on few SMs): its
+  // loads must wait for that kernel's end.
+  if (!needs_records || gemm.promotion_records_written) {
+    cudaError_t counter_status = cudaSuccess;
+    quantize.tokens_ready = sm90::W4A4GemmTokensReadyCounter(counter_status);
+    JAX_W4A4_RETURN_IF_ERROR(CudaStatus(counter_status, "w4a4_linear token-ready counter"));
+    gemm.act_quant_ctas = static_cast<uint32_t>(plan.row_blocks * plan.k_splits);
   }
   JAX_W4A4_RETURN_IF_ERROR(CudaStatus(sm90::LaunchActQuant(quantize, stream), "w4a4_linear act_quant launch"));
   gemm.after_act_quant = true;

@@ -210,7 +210,7 @@ LINEAR_CASES = [
     (7, 3072, 1536, 128, F16, "fp8"),
     (16, 8192, 8192, 32, BF16, "uint4"),
     (16, 128, 256, 0, BF16, "int4"),
-    (20, 4096, 2048, 32, F16, "fp8"),  # 32-token tile: act_quant's code sums against the GEMM's own, bit for bit
+    (20, 4096, 2048, 32, F16, "fp8"),  # 32-token tile: act_quant's promotion records against the GEMM's own
     (33, 4096, 4096, 32, F16, "int4"),
     (64, 12288, 3072, 128, BF16, "fp8"),
     (200, 3072, 3072, 32, BF16, "int4"),
@@ -218,13 +218,11 @@ LINEAR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", LINEAR_CASES, ids=[_case_id((*c[:4], False, *c[4:])) for c in LINEAR_CASES])
-def test_w4a4_linear_overlapped_equals_the_two_ops_apart(case):
-    """ops.w4a4_linear launches act_quant and the GEMM in one FFI call, the GEMM with programmatic dependent
-    launch: it starts while act_quant runs and must wait for act_quant's outputs before it reads them. Its
-    output equals act_quant's kernel then the GEMM's run as separate executables (nothing overlaps), bit for
-    bit: alone, and as a chain of three layers in one jit (where XLA records a command buffer), with the
-    output memory poisoned before each run and every counter re-armed after."""
+def _check_linear_equals_the_two_ops(case):
+    """ops.w4a4_linear's output equals act_quant's kernel then the GEMM's run as separate executables (nothing
+    overlaps), bit for bit: alone, and as a chain of three layers in one jit (where XLA records a command
+    buffer), with the output memory poisoned before each run and every counter re-armed after. Returns the
+    first layer's act_quant outputs, the two ops' result and the logical weights."""
     m, n, k, rank, dtype, act_format = case
     key = jax.random.key(zlib.crc32(f"linear-{case}".encode()))
     _, _, _, qweight, wscales, lora_up, alpha, bias = _make_inputs(
@@ -237,7 +235,8 @@ def test_w4a4_linear_overlapped_equals_the_two_ops_apart(case):
     weights = (*_kernel_layouts(qweight, wscales), lora_up, alpha, bias)
     quantize = jax.jit(functools.partial(ops.act_quant, act_format=act_format))
     gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format=act_format))
-    apart = [np.asarray(gemm(*jax.block_until_ready(quantize(x, smooth, lora_down)), *weights)) for x in xs]
+    quantized = [jax.block_until_ready(quantize(x, smooth, lora_down)) for x in xs]
+    apart = [np.asarray(gemm(*acts, *weights)) for acts in quantized]
     linear = functools.partial(ops.w4a4_linear, act_format=act_format)
     one = jax.jit(linear)
     chain = jax.jit(lambda xs: [linear(x, smooth, lora_down, *weights) for x in xs])
@@ -249,3 +248,24 @@ def test_w4a4_linear_overlapped_equals_the_two_ops_apart(case):
             np.testing.assert_array_equal(np.asarray(got), want)
     assert np.isfinite(apart[0].astype(np.float32)).all()
     assert _library.armed_arrival_counters() == 0
+    return quantized[0], apart[0], (qweight, wscales, lora_up, alpha, bias)
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=[_case_id((*c[:4], False, *c[4:])) for c in LINEAR_CASES])
+def test_w4a4_linear_overlapped_equals_the_two_ops_apart(case):
+    """ops.w4a4_linear launches act_quant and the GEMM in one FFI call, the GEMM with programmatic dependent
+    launch: it starts while act_quant runs and must wait for act_quant's outputs before it reads them."""
+    _check_linear_equals_the_two_ops(case)
+
+
+def test_w4a4_linear_planned_for_few_sms(monkeypatch):
+    """On 16 SMs (an H100 MIG 1g slice) act_quant plans 64-row blocks for 16 tokens at rank 128, which do not
+    write the GEMM's promotion records: the GEMM forms them in a kernel after act_quant, and the linear must not
+    hand the tokens over before that kernel ends. Planned for 16 SMs on the whole GPU (only the grids change):
+    the linear equals the two ops bit for bit, and they match the reference."""
+    monkeypatch.setattr(_library, "cuda_sm_count", lambda: 16)
+    assert budget.act_quant_launch(16, 4096, 128, num_sms=16).block_rows == 64  # the path under test
+    (q_x, s_x, la), y, weights = _check_linear_equals_the_two_ops((16, 1024, 4096, 128, BF16, "int4"))
+    ref = _cpu_reference(q_x, s_x, la, *weights, "int4")
+    err = _relative_error(y.astype(np.float32), ref)
+    assert err < TOLERANCE[BF16], f"relative Frobenius error {err:.2e}"

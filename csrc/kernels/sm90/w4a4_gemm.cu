@@ -1575,6 +1575,8 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
     auto* records = reinterpret_cast<float2*>(static_cast<uint8_t*>(args.workspace) + offset);
     p.promotion_records = records;
     if (!args.promotion_records_written) {
+      // The GEMM's loads wait for this kernel's end (griddepcontrol.wait), not for act_quant's token handoff.
+      if (args.act_quant_ctas > 0) return cudaErrorInvalidValue;
       const int64_t count = int64_t{m} * (k / kW4A4WeightGroup);
       PromotionRecordsKernel<OutT, kFp8Act><<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(
           reinterpret_cast<const uint4*>(args.q_x), static_cast<const uint32_t*>(args.s_x), records, count);

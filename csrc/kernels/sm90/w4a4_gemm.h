@@ -41,6 +41,7 @@ struct W4A4GemmSm90Args {
   // In the W4A4 linear: act_quant's CTA count. Each of them arrives at W4A4GemmTokensReadyCounter() once its
   // codes and scales are stored (ActQuantArgs::tokens_ready), and the GEMM loads the tokens when all have,
   // not when act_quant ends; its last CTA re-arms the counter. 0: the tokens are ready when act_quant ends.
+  // Decode tiles take it only with promotion_records_written (else the launch fails: cudaErrorInvalidValue).
   uint32_t act_quant_ctas = 0;
   // Decode tiles (w4a4_gemm_plan.h, W4A4PromotionRecordsBytes): the tokens' promotion records in the workspace
   // (at W4A4PromotionRecordsOffset). In the W4A4 linear act_quant writes them (ActQuantArgs::promotion_records);
