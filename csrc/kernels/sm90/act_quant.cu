@@ -332,7 +332,7 @@ struct Format {
 struct ThreadRows {
   uint8_t* q;
   uint8_t* scale;  // scale of the group this lane computes (lane u < kUnits of its group: unit u)
-  float2* record;  // promotion record of this lane's 64-group in its first row (stored by the group's first lane), or nullptr
+  float2* record;  // promotion record of this lane's 64-group in its first row (stored by its first lane), or nullptr
   uint32_t q_step;
   uint32_t record_step;  // records between those of units i and i + 1
   int rows_left;  // rows from first_row to M (unit i is inside M iff i * kQuantRowStep < rows_left)
