@@ -58,7 +58,9 @@ ffi::Error W4a4Linear(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer smoo
   gemm.after_act_quant = true;
   const cudaError_t gemm_status = sm90::LaunchW4A4GemmSm90(gemm, stream);
   // Without the GEMM nobody takes act_quant's arrivals: re-arm the counter after act_quant, in stream order.
-  if (gemm_status != cudaSuccess) cudaMemsetAsync(quantize.tokens_ready, 0, sizeof(uint32_t), stream);
+  if (gemm_status != cudaSuccess && quantize.tokens_ready != nullptr) {
+    cudaMemsetAsync(quantize.tokens_ready, 0, sizeof(uint32_t), stream);
+  }
   return CudaStatus(gemm_status, "w4a4_linear w4a4_gemm launch");
 }
 
