@@ -304,7 +304,7 @@ struct Config {
   static constexpr int kActHalfBytes = kHalfRows * kTileK;
   static constexpr bool kScaleProductTile = W4A4ScaleProductMma(kShape);  // with 16-bit activation scales
   static constexpr int kActScalePitch = kW4A4ActScalePitch;  // bytes per token record of the scale buffer
-  static constexpr int kActScaleBytes = kTileM * kActScalePitch;   // 2 x 16-bit (int4/uint4) or 1 x fp32 (fp8)
+  static constexpr int kActScaleBytes = kTileM * kActScalePitch;   // decode: 2 records; prefill: the scale word
   static constexpr int kLoraUpBytes = kLoraChunk * kTileN * 2;
   static constexpr int kLaF32Bytes = kTileM * kLoraChunk * 4;
   static constexpr int kLaF32HalfBytes = kHalfRows * kLoraChunk * 4;
