@@ -48,10 +48,11 @@
 //   warpgroup 0, producers, setmaxnreg.dec 40:
 //     warp 0    main pipeline: TMA of the weight tile (L2 evict-first when there is one token tile: each
 //               weight is read once), one bulk copy of its stage-major weight scales (512 contiguous bytes,
-//               formats/svdq_layout.py), TMA of its half of the token tile (multicast); decode tiles: TMA of
-//               the tokens' promotion records (16 bytes per token and stage); prefill tiles: cp.async of the
-//               activation-scale words (4 bytes per token and stage in act_quant's layout: TMA boxes need
-//               16-byte rows, so they go through cp.async with mbarrier completion). The W4A4 linear
+//               formats/svdq_layout.py), TMA of its half of the token tile (multicast); the tokens' promotion
+//               records (16 bytes per token and stage) by TMA on the 32-token tile and by cp.async on the 8-
+//               and 16-token tiles (Config::kRecordsByTma); prefill tiles: cp.async of the activation-scale
+//               words (4 bytes per token and stage in act_quant's layout: TMA boxes need 16-byte rows, so
+//               they go through cp.async with mbarrier completion). The W4A4 linear
 //               (ffi/w4a4_linear_ffi.cc) launches this kernel with programmatic dependent launch while
 //               act_quant, which writes the tokens, still runs: the warp waits for act_quant's CTAs to
 //               arrive at the token-ready counter before its first copy (WaitForTokens)
@@ -82,7 +83,7 @@
 // warp releases a main stage on the empty barrier of every CTA of the cluster (the peer multicasts into
 // it); the converter warps release the LA buffer the same way. Activation scales are loaded by each
 // CTA itself (cp.async, 4 bytes per token): their footprint is the plan's, their issue is not split.
-// (Decode tiles, whose promotion records come by TMA, run without clusters.)
+// (Decode tiles, whose promotion records may come by TMA, run without clusters.)
 //
 // Main loop of a consumer warpgroup, per stage (2 groups of 64 k) and per slice of <= 64 tokens:
 //   unit (slice, group): two wgmma k32 into the fresh partial set part[group] (scale-d = 0 on the
@@ -119,11 +120,11 @@
 //
 // Life of main stage s (phase bit ph = number of completed uses of s, mod 2):
 //   producer warp 0: wait empty[s] (parity ph^1: the previous use is released; a fresh barrier passes);
-//     lane 0: arrive.expect_tx(full[s], weights + weight scales + whole token tile [+ decode: records])
-//     [arrival 1 of 33; decode: of 1], TMA weights, bulk copy of the weight scales, TMA its token half
-//     (multicast) [decode: TMA of the records]; prefill: lanes 0-31 cp.async activation-scale words, then
-//     cp.async.mbarrier.arrive.noinc(full[s]) [arrivals 2..33, each when the lane's copies landed].
-//   full[s] (count 33, decode 1; + tx bytes): completes phase ph when the arrivals and all the bytes (own
+//     lane 0: arrive.expect_tx(full[s], weights + weight scales + whole token tile [+ 32 tokens: records])
+//     [arrival 1 of 33; 32 tokens: of 1], TMA weights, bulk copy of the weight scales, TMA its token half
+//     (multicast) [32 tokens: TMA of the records]; other tiles: lanes 0-31 cp.async the records or scale
+//     words, then cp.async.mbarrier.arrive.noinc(full[s]) [arrivals 2..33, each when the lane's copies landed].
+//   full[s] (count 33, 32 tokens 1; + tx bytes): completes phase ph when the arrivals and all the bytes (own
 //     and the peer's multicast half) are in. The peer's bytes may land before our expect_tx: the
 //     tx-count goes transiently negative, which the mbarrier allows; the phase cannot complete while
 //     our arrivals are missing.
@@ -317,11 +318,12 @@ struct Config {
   static constexpr int kStagingBytes = kTileM * kTileN * 2;
   static constexpr int kBarriers = 2 * kStages + 3 * kLoraStages;  // full, empty | full, converted, empty
 
-  // Decode tiles load a stage's promotion records with one TMA box (16 bytes x kTileM rows of the (m, k/8)-byte
-  // records) beside its other loads; prefill tiles copy 4 bytes of scale words a token by cp.async (the scale
-  // wgmma's rows are 16 bytes apart, which no box of the (m, k/32)-byte scales fills). Session 49: 32 cp.async of
-  // 16-byte records a stage cost the 32-token tile ~2.2 us at 32 x 28672 x 8192 (an ablation).
-  static constexpr bool kRecordsByTma = kOffsetWeights;
+  // The 32-token tile loads a stage's promotion records with one TMA box (16 bytes x 32 rows of the (m, k/8)-byte
+  // records) beside its other loads; the 8- and 16-token tiles copy a record a token by cp.async, and prefill tiles
+  // 4 bytes of scale words a token (the scale wgmma's rows are 16 bytes apart, which no box of the (m, k/32)-byte
+  // scales fills). Measured (session 50, JAX-level A/B): the box saves the 32-token tile 3.5% (its 32 copies and
+  // arrivals a stage), and costs the 8- and 16-token tiles 1-3.7% (16 x 8192^2 linear 21.7 -> 22.3 us).
+  static constexpr bool kRecordsByTma = kOffsetWeights && kTileM == 32;
   static_assert(!kRecordsByTma || kCluster == 1, "the records box is private to a CTA");
   static constexpr int kRecordBytes = kRecordsByTma ? kActScaleBytes : 0;
   // What a main stage delivers: TMA bytes (tensor and bulk copies, counted by the full barrier's tx-count)
@@ -913,14 +915,22 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
         }
       }
       if constexpr (!C::kRecordsByTma) {
-        // Prefill: per token 4 bytes of scales ([2 x 16-bit | fp32]) from the (m, k/64) or (m, k/128) layout
-        // act_quant writes. A rolled loop: few live registers in the 40-register producer.
+        // Per token: the 8- and 16-token tiles, the stage's two promotion records (16 bytes of the (m, k/64)
+        // records); prefill tiles, 4 bytes of scales ([2 x 16-bit | fp32]) from the (m, k/64) or (m, k/128)
+        // layout act_quant writes. A rolled loop: few live registers in the 40-register producer.
         const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + C::kActScalePitch * lane;
         const uint8_t* xscale_src = xscale_rows + 4 * ks;
 #pragma unroll 1
         for (int r = lane; r < C::kTileM; r += 32, xscale_src += 32 * scale_row_bytes) {
           const bool in = tile.m0 + r < p.m;  // rows past M read nothing and land as zeros
-          CpAsync<4>(xscale_dst + C::kActScalePitch * (r - lane), in ? xscale_src : p.s_x, in ? 4 : 0);
+          const uint32_t dst = xscale_dst + C::kActScalePitch * (r - lane);
+          if constexpr (C::kOffsetWeights) {
+            // The records sit at 4 times the scales' byte offset (k/8 against k/32 bytes a row).
+            const auto* records = reinterpret_cast<const uint8_t*>(p.promotion_records);
+            CpAsync<16>(dst, in ? records + 4 * (xscale_src - p.s_x) : records, in ? 16 : 0);
+          } else {
+            CpAsync<4>(dst, in ? xscale_src : p.s_x, in ? 4 : 0);
+          }
         }
         CpAsyncArriveNoinc(full);
       }
@@ -1588,7 +1598,8 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
     auto* records = reinterpret_cast<float2*>(static_cast<uint8_t*>(args.workspace) + offset);
     p.promotion_records = records;
     // (m, k/64) records as (m, k/32) fp32: a stage's box is 4 floats (its two records) x the tile's tokens.
-    if (!EncodeTiled<2>(&tm_records, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, records, {uint64_t(k / 32), uint64_t(m)},
+    if (C::kRecordsByTma &&
+        !EncodeTiled<2>(&tm_records, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, records, {uint64_t(k / 32), uint64_t(m)},
                         {uint64_t(k / 8)}, {4, uint32_t(C::kTileM)}, CU_TENSOR_MAP_SWIZZLE_NONE)) {
       return cudaErrorInvalidValue;
     }
