@@ -48,9 +48,11 @@
 //   warpgroup 0, producers, setmaxnreg.dec 40:
 //     warp 0    main pipeline: TMA of the weight tile (L2 evict-first when there is one token tile: each
 //               weight is read once), one bulk copy of its stage-major weight scales (512 contiguous bytes,
-//               formats/svdq_layout.py), TMA of its half of the token tile (multicast), cp.async of the
-//               activation-scale rows (4 bytes per token and stage in act_quant's layout: TMA boxes need
-//               16-byte rows, so they go through cp.async with mbarrier completion). The W4A4 linear
+//               formats/svdq_layout.py), TMA of its half of the token tile (multicast); the tokens' promotion
+//               records (16 bytes per token and stage) by TMA on the 32-token tile and by cp.async on the 8-
+//               and 16-token tiles (Config::kRecordsByTma); prefill tiles: cp.async of the activation-scale
+//               words (4 bytes per token and stage in act_quant's layout: TMA boxes need 16-byte rows, so
+//               they go through cp.async with mbarrier completion). The W4A4 linear
 //               (ffi/w4a4_linear_ffi.cc) launches this kernel with programmatic dependent launch while
 //               act_quant, which writes the tokens, still runs: the warp waits for act_quant's CTAs to
 //               arrive at the token-ready counter before its first copy (WaitForTokens)
@@ -81,6 +83,7 @@
 // warp releases a main stage on the empty barrier of every CTA of the cluster (the peer multicasts into
 // it); the converter warps release the LA buffer the same way. Activation scales are loaded by each
 // CTA itself (cp.async, 4 bytes per token): their footprint is the plan's, their issue is not split.
+// (Decode tiles, whose promotion records may come by TMA, run without clusters.)
 //
 // Main loop of a consumer warpgroup, per stage (2 groups of 64 k) and per slice of <= 64 tokens:
 //   unit (slice, group): two wgmma k32 into the fresh partial set part[group] (scale-d = 0 on the
@@ -117,14 +120,14 @@
 //
 // Life of main stage s (phase bit ph = number of completed uses of s, mod 2):
 //   producer warp 0: wait empty[s] (parity ph^1: the previous use is released; a fresh barrier passes);
-//     lane 0: arrive.expect_tx(full[s], weights + weight scales + whole token tile) [arrival 1 of 33],
-//     TMA weights, bulk copy of the weight scales, TMA its token half (multicast); lanes 0-31: cp.async
-//     activation-scale rows, then
-//     cp.async.mbarrier.arrive.noinc(full[s]) [arrivals 2..33, each when the lane's copies landed].
-//   full[s] (count 33, + tx bytes): completes phase ph when the 33 arrivals and all the bytes (own
+//     lane 0: arrive.expect_tx(full[s], weights + weight scales + whole token tile [+ 32 tokens: records])
+//     [arrival 1 of 33; 32 tokens: of 1], TMA weights, bulk copy of the weight scales, TMA its token half
+//     (multicast) [32 tokens: TMA of the records]; other tiles: lanes 0-31 cp.async the records or scale
+//     words, then cp.async.mbarrier.arrive.noinc(full[s]) [arrivals 2..33, each when the lane's copies landed].
+//   full[s] (count 33, 32 tokens 1; + tx bytes): completes phase ph when the arrivals and all the bytes (own
 //     and the peer's multicast half) are in. The peer's bytes may land before our expect_tx: the
 //     tx-count goes transiently negative, which the mbarrier allows; the phase cannot complete while
-//     our 33 arrivals are missing.
+//     our arrivals are missing.
 //   consumers (both warpgroups): wait full[s] (parity ph); LDS weights and scales, wgmma on the tokens;
 //     after the stage's last unit is retired (wait_group) and promoted, each of the 8 consumer warps
 //     arrives once on empty[s] of every CTA of the cluster (__syncwarp, then one lane per CTA). racecheck
@@ -315,12 +318,20 @@ struct Config {
   static constexpr int kStagingBytes = kTileM * kTileN * 2;
   static constexpr int kBarriers = 2 * kStages + 3 * kLoraStages;  // full, empty | full, converted, empty
 
+  // The 32-token tile loads a stage's promotion records with one TMA box (16 bytes x 32 rows of the (m, k/8)-byte
+  // records) beside its other loads; the 8- and 16-token tiles copy a record a token by cp.async, and prefill tiles
+  // 4 bytes of scale words a token (the scale wgmma's rows are 16 bytes apart, which no box of the (m, k/32)-byte
+  // scales fills). Measured (session 50, JAX-level A/B): the box saves the 32-token tile 3.5% (its 32 copies and
+  // arrivals a stage), and costs the 8- and 16-token tiles 1-3.7% (16 x 8192^2 linear 21.7 -> 22.3 us).
+  static constexpr bool kRecordsByTma = kOffsetWeights && kTileM == 32;
+  static_assert(!kRecordsByTma || kCluster == 1, "the records box is private to a CTA");
+  static constexpr int kRecordBytes = kRecordsByTma ? kActScaleBytes : 0;
   // What a main stage delivers: TMA bytes (tensor and bulk copies, counted by the full barrier's tx-count)
-  // + cp.async bytes (the activation scales, counted by the 32 arrivals of cp.async.mbarrier.arrive.noinc).
-  static constexpr int kMainTmaTxBytes = kWeightBytes + kWeightScaleBytes + kActBytes;
-  static constexpr int kMainCpAsyncBytes = kActScaleBytes;
-  static constexpr int kMainTmaIssuedBytes = kWeightBytes + kWeightScaleBytes + kActHalfBytes;
-  static constexpr int kMainFullArrivals = 1 + 32;
+  // + cp.async bytes (prefill's scale words, counted by the 32 arrivals of cp.async.mbarrier.arrive.noinc).
+  static constexpr int kMainTmaTxBytes = kWeightBytes + kWeightScaleBytes + kActBytes + kRecordBytes;
+  static constexpr int kMainCpAsyncBytes = kRecordsByTma ? 0 : kActScaleBytes;
+  static constexpr int kMainTmaIssuedBytes = kWeightBytes + kWeightScaleBytes + kActHalfBytes + kRecordBytes;
+  static constexpr int kMainFullArrivals = kRecordsByTma ? 1 : 1 + 32;
   static constexpr int kMainEmptyArrivals = kConsumerWarps * kCluster;
   static constexpr int kLoraFullArrivals = 1;
   static constexpr int kLoraConvertedArrivals = kConverterWarps;
@@ -369,15 +380,17 @@ struct Config {
                          Lifetime::kKernel));
   static_assert(kBarriers * budget::kMbarrierBytes <= kPlan.objects[kObjBarriers].bytes, "mbarrier count");
   // The byte accounting of a main stage: what the full barrier waits for is the plan's tx bytes, and
-  // what this CTA's TMA issues is the plan's issue split (the activation scales, by cp.async, are not split).
+  // what this CTA's TMA issues is the plan's issue split (prefill's scale words, by cp.async, are not split).
   static_assert(kMainTmaTxBytes + kMainCpAsyncBytes == kPlan.main_stage_tx_bytes(), "main stage tx bytes");
   static_assert(kMainTmaTxBytes == kPlan.objects[kObjWeights].expected_tx_bytes() +
                                        kPlan.objects[kObjWeightScales].expected_tx_bytes() +
-                                       kPlan.objects[kObjActivations].expected_tx_bytes());
+                                       kPlan.objects[kObjActivations].expected_tx_bytes() +
+                                       (kRecordsByTma ? kPlan.objects[kObjActScales].expected_tx_bytes() : 0));
   static_assert(kMainTmaIssuedBytes == kPlan.objects[kObjWeights].issued_bytes(kCluster) +
                                            kPlan.objects[kObjWeightScales].issued_bytes(kCluster) +
-                                           kPlan.objects[kObjActivations].issued_bytes(kCluster));
-  static_assert(kMainCpAsyncBytes == kPlan.objects[kObjActScales].expected_tx_bytes());
+                                           kPlan.objects[kObjActivations].issued_bytes(kCluster) +
+                                           (kRecordsByTma ? kPlan.objects[kObjActScales].issued_bytes(kCluster) : 0));
+  static_assert(kMainCpAsyncBytes == (kRecordsByTma ? 0 : kPlan.objects[kObjActScales].expected_tx_bytes()));
   static_assert(kWeightScaleBytes % 16 == 0, "the weight scales of a stage are one bulk copy (16-byte multiple)");
   static_assert(kLoraUpBytes + kLaF32Bytes + kAlphaBytes + kBiasBytes < (1 << 20), "mbarrier tx-count range");
 };
@@ -852,8 +865,8 @@ __device__ __forceinline__ void RearmTokens(const KernelParams& p, int lane) {
 // weights of the first kStages stages first (session 44) held back stage 0's tokens and cost the GEMM alone
 // 1-2 us at every decode size, and the linear up to 1.6 us (benchmarks/NOTES.md, session 45).
 template <class C>
-__device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, const KernelParams& p, uint32_t smem,
-                            Barriers<C> bar, uint32_t cta_rank, int lane) {
+__device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, const CUtensorMap& tm_records,
+                            const KernelParams& p, uint32_t smem, Barriers<C> bar, uint32_t cta_rank, int lane) {
   using L = Smem<C>;
   const int scale_row_bytes = p.k / 32;  // activation scales: (k/64) x 16-bit or (k/128) x fp32 per token
   const uint64_t weight_policy = WeightL2Policy(p.m_tiles == 1);
@@ -864,8 +877,9 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
     const Tile tile = TileAt<C>(seg.ct, p, cta_rank);
     const int halves = TokenHalvesInBounds<C>(tile, p);
     const bool issue_half = static_cast<int>(cta_rank) < halves;
-    const uint32_t tx = (tile.valid ? C::kWeightBytes + C::kWeightScaleBytes : 0) + halves * C::kActHalfBytes;
-    const uint8_t* xscale_rows = p.s_x + int64_t{tile.m0 + lane} * scale_row_bytes;
+    const uint32_t tx =
+        (tile.valid ? C::kWeightBytes + C::kWeightScaleBytes : 0) + halves * (C::kActHalfBytes + C::kRecordBytes);
+    [[maybe_unused]] const uint8_t* xscale_rows = p.s_x + int64_t{tile.m0 + lane} * scale_row_bytes;
     for (int ks = seg.ks_begin; ks < seg.ks_end; ++ks) {
       const int s = state.index;
       MbarWait(bar.Empty(s), state.phase ^ 1);
@@ -893,26 +907,33 @@ __device__ void ProduceMain(const CUtensorMap& tm_w, const CUtensorMap& tm_x, co
           } else {
             TmaLoad2d(tm_x, dst, full, ks * C::kTileK, row);
           }
+          if constexpr (C::kRecordsByTma) {
+            // The stage's two promotion records per token, 16 bytes at record (= fp32 column) 4 ks; rows past M
+            // land as zeros.
+            TmaLoad2d(tm_records, smem + L::kActScales + s * L::Stride(kObjActScales), full, 4 * ks, tile.m0);
+          }
         }
       }
-      // Per token and stage: decode tiles, the stage's two promotion records (16 bytes of the (m, k/64) records);
-      // prefill tiles, 4 bytes of scales ([2 x 16-bit | fp32]) from the (m, k/64) or (m, k/128) layout act_quant
-      // writes. A rolled loop: few live registers in the 40-register producer.
-      const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + C::kActScalePitch * lane;
-      const uint8_t* xscale_src = xscale_rows + 4 * ks;
+      if constexpr (!C::kRecordsByTma) {
+        // Per token: the 8- and 16-token tiles, the stage's two promotion records (16 bytes of the (m, k/64)
+        // records); prefill tiles, 4 bytes of scales ([2 x 16-bit | fp32]) from the (m, k/64) or (m, k/128)
+        // layout act_quant writes. A rolled loop: few live registers in the 40-register producer.
+        const uint32_t xscale_dst = smem + L::kActScales + s * L::Stride(kObjActScales) + C::kActScalePitch * lane;
+        const uint8_t* xscale_src = xscale_rows + 4 * ks;
 #pragma unroll 1
-      for (int r = lane; r < C::kTileM; r += 32, xscale_src += 32 * scale_row_bytes) {
-        const bool in = tile.m0 + r < p.m;  // rows past M read nothing and land as zeros
-        const uint32_t dst = xscale_dst + C::kActScalePitch * (r - lane);
-        if constexpr (C::kOffsetWeights) {
-          // The records sit at 4 times the scales' byte offset (k/8 against k/32 bytes a row).
-          const auto* records = reinterpret_cast<const uint8_t*>(p.promotion_records);
-          CpAsync<16>(dst, in ? records + 4 * (xscale_src - p.s_x) : records, in ? 16 : 0);
-        } else {
-          CpAsync<4>(dst, in ? xscale_src : p.s_x, in ? 4 : 0);
+        for (int r = lane; r < C::kTileM; r += 32, xscale_src += 32 * scale_row_bytes) {
+          const bool in = tile.m0 + r < p.m;  // rows past M read nothing and land as zeros
+          const uint32_t dst = xscale_dst + C::kActScalePitch * (r - lane);
+          if constexpr (C::kOffsetWeights) {
+            // The records sit at 4 times the scales' byte offset (k/8 against k/32 bytes a row).
+            const auto* records = reinterpret_cast<const uint8_t*>(p.promotion_records);
+            CpAsync<16>(dst, in ? records + 4 * (xscale_src - p.s_x) : records, in ? 16 : 0);
+          } else {
+            CpAsync<4>(dst, in ? xscale_src : p.s_x, in ? 4 : 0);
+          }
         }
+        CpAsyncArriveNoinc(full);
       }
-      CpAsyncArriveNoinc(full);
       state.Advance();
     }
   }
@@ -1435,8 +1456,9 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
 template <int kShapeIndex, class OutT, bool kFp8Act>
 __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
     W4A4GemmKernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_x,
-                   const __grid_constant__ CUtensorMap tm_la, const __grid_constant__ CUtensorMap tm_up,
-                   const __grid_constant__ CUtensorMap tm_y, const __grid_constant__ KernelParams p) {
+                   const __grid_constant__ CUtensorMap tm_records, const __grid_constant__ CUtensorMap tm_la,
+                   const __grid_constant__ CUtensorMap tm_up, const __grid_constant__ CUtensorMap tm_y,
+                   const __grid_constant__ KernelParams p) {
   using C = Config<kShapeIndex>;
   using L = Smem<C>;
   extern __shared__ uint8_t smem_raw[];
@@ -1476,8 +1498,9 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
       if (lane == 0) {
         TmaPrefetch(tm_w);
         TmaPrefetch(tm_x);
+        if constexpr (C::kRecordsByTma) TmaPrefetch(tm_records);
       }
-      ProduceMain<C>(tm_w, tm_x, p, smem, bar, cta_rank, lane);
+      ProduceMain<C>(tm_w, tm_x, tm_records, p, smem, bar, cta_rank, lane);
     } else if (warp == 1) {
       if (lane == 0 && p.rank > 0) {
         TmaPrefetch(tm_up);
@@ -1526,7 +1549,7 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   const int k = static_cast<int>(args.k);
   const int rank = static_cast<int>(args.rank);
 
-  CUtensorMap tm_w{}, tm_x{}, tm_la{}, tm_up{}, tm_y{};
+  CUtensorMap tm_w{}, tm_x{}, tm_records{}, tm_la{}, tm_up{}, tm_y{};
   const CUtensorMapDataType half = std::is_same_v<OutT, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   bool ok;
@@ -1574,6 +1597,12 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
     }
     auto* records = reinterpret_cast<float2*>(static_cast<uint8_t*>(args.workspace) + offset);
     p.promotion_records = records;
+    // (m, k/64) records as (m, k/32) fp32: a stage's box is 4 floats (its two records) x the tile's tokens.
+    if (C::kRecordsByTma &&
+        !EncodeTiled<2>(&tm_records, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, records, {uint64_t(k / 32), uint64_t(m)},
+                        {uint64_t(k / 8)}, {4, uint32_t(C::kTileM)}, CU_TENSOR_MAP_SWIZZLE_NONE)) {
+      return cudaErrorInvalidValue;
+    }
     if (!args.promotion_records_written) {
       // The GEMM's loads wait for this kernel's end (griddepcontrol.wait), not for act_quant's token handoff.
       if (args.act_quant_ctas > 0) return cudaErrorInvalidValue;
@@ -1645,7 +1674,7 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   config.gridDim = dim3(clusters * C::kCluster);
   p.act_quant_ctas = args.act_quant_ctas;
   config.numAttrs = (args.after_act_quant || records_launched) && !C::kExpandedWeights ? 2 : 1;
-  return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_la, tm_up, tm_y, p);
+  return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_records, tm_la, tm_up, tm_y, p);
 }
 
 // Token tile by M (the plan's kW4A4Shapes order): 8, 16, 32, 64 or 128 (cluster 2), and from
