@@ -13,7 +13,7 @@ from flax import nnx
 from jax.errors import JaxRuntimeError
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jax_w4a4 import linear, quantize_fp4, quantize_linear
+from jax_w4a4 import linear, ops, quantize_fp4, quantize_linear
 from jax_w4a4.formats import svdq_layout, w4a16_layout
 from jax_w4a4.models import llama
 from jax_w4a4.nn import QuantizedLinear
@@ -255,16 +255,38 @@ def test_automatic_unsupported_placements_fail_at_compile_time():
 
     fp8_row = _by_hand(_abstract("w4a8", 512, 512), mesh, "row", put=abstract_put)
     # The prepacked scales' 4 K-stages cannot be split 8 ways at all (JAX refuses that placement itself):
-    # replicated, so that the K split of the activations' fp8 groups is what fails.
+    # replicated, so that qweight's K split is what fails.
     fp8_row = dataclasses.replace(fp8_row, wscales=abstract_put(fp8_row.wscales, NamedSharding(mesh, P())))
     per_channel = _abstract("w4a16", 128, 512, group_size=-1)
     per_channel_row = dataclasses.replace(  # its one scale column cannot be split: only qweight's words are
         per_channel, qweight=abstract_put(per_channel.qweight, NamedSharding(mesh, P(None, "tensor")))
     )
-    for weights, match in [(fp8_row, r"K must be a multiple of 1024 \(128-wide fp8"), (per_channel_row, "per-channel")]:
-        x = jax.ShapeDtypeStruct((2, weights.in_features), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((2, 512), jnp.bfloat16)
+    cases = [
+        (linear, (x, fp8_row), r"w4a4_linear .*K \(in_features\) must be a multiple of 1024 \(128-column stages"),
+        (linear, (x, per_channel_row), "per-channel"),
+        # act_quant on its own: its 4 fp8 groups of K cannot be split over the 8 shards of smooth / lora_down.
+        (functools.partial(ops.act_quant, act_format="fp8"), (x, fp8_row.smooth, fp8_row.lora_down),
+         r"act_quant .*K must be a multiple of 1024 \(128-wide fp8"),
+    ]
+    for function, args, match in cases:
         with pytest.raises(JaxRuntimeError, match=match):
-            jax.jit(linear).lower(x, weights).compile()
+            jax.jit(function).lower(*args).compile()
+
+
+@pytest.mark.parametrize("mode", ["svdq-int4", "w4a8"])
+@pytest.mark.parametrize("style", ["column", "row"])
+def test_automatic_w4a4_layer_is_one_partitioned_op(mode, style):
+    # The W4A4 layer partitions as one op of all 8 operands, so each column shard runs the one-call linear
+    # (act_quant and the GEMM in one FFI call on the GPU); row shards run the two ops and one psum inside it.
+    mesh = _mesh((8,))
+    weights = _by_hand(_weights(mode), mesh, style)
+    x = jax.ShapeDtypeStruct((4, K), jnp.bfloat16)
+    lowered = jax.jit(linear).lower(x, weights)
+    calls = [line for line in lowered.as_text().splitlines() if "@CustomSPMDPartitioning(" in line]
+    assert len(calls) == 1 and calls[0].count("%arg") == 8, calls
+    hlo = lowered.compile().as_text()
+    assert hlo.count("all-reduce(") == (ROW_PARALLEL_ALL_REDUCES if style == "row" else 0)
 
 
 def test_automatic_under_vmap(rng):

@@ -17,15 +17,18 @@ therefore carries
   the *weights'* placement decides (they stay where they are; activations are resharded to match):
 
   - N sharded (column parallel): the local op on the local columns, output sharded on N. No
-    communication.
+    communication. The whole W4A4 layer (``w4a4_linear``) is one partitioned op, so each shard runs
+    the one FFI call that overlaps the GEMM with act_quant.
   - K sharded (row parallel): ``act_quant`` on the local K slice (activation groups never straddle a
-    shard, so codes and scales are the unsharded ones) and a ``psum`` of its tiny ``(..., r)`` fp32
-    ``LA``; ``w4a4_gemm`` computes its partial main product (rank 0, no bias; α distributes over
-    the sum), an fp32 ``psum``, then ``LA · L_up`` and β once. The two psums are independent, so
-    XLA's all-reduce combiner emits them as **one** all-reduce (the tests assert the compiled count,
-    ``jax_w4a4.sharding.ROW_PARALLEL_ALL_REDUCES`` = 1, as for the explicit path). w4a16: one psum.
-    The per-shard code is the explicit path's (:func:`w4a4_row_shard`, :func:`w4a16_row_shard`);
-    the numerics are the same (each partial rounded to the layer dtype once before the fp32 sum).
+    shard, so codes and scales are the unsharded ones), its tiny ``(..., r)`` fp32 ``LA`` partial;
+    ``w4a4_gemm`` computes its partial main product (rank 0, no bias; α distributes over the sum),
+    then one fp32 ``psum`` of both partials, then ``LA · L_up`` and β once (``w4a4_linear``'s
+    shards run the two ops). ``act_quant`` and ``w4a4_gemm`` partitioned on their own psum LA and
+    the product apart; the two psums are independent, so XLA's all-reduce combiner emits them as
+    **one** all-reduce (the tests assert the compiled count, ``jax_w4a4.sharding.ROW_PARALLEL_ALL_REDUCES``
+    = 1, as for the explicit path). w4a16: one psum. The per-shard code is the explicit path's
+    (:func:`w4a4_row_shard`, :func:`w4a16_row_shard`); the numerics are the same (each partial
+    rounded to the layer dtype once before the fp32 sum).
   - token dims sharded (data parallel, even or not): passed through; nothing is communicated.
 
 Unsupported placements fail when the program is compiled (``.lower(...).compile()`` or the first
@@ -149,27 +152,49 @@ def _act_quant_rule(shapes: Sequence[Shape], act_format: str) -> SdyShardingRule
     )
 
 
-def _w4a4_gemm_rule(shapes: Sequence[Shape], act_format: str) -> SdyShardingRule:
-    _, _, la, qweight, wscales, _, alpha, bias = shapes[:8]
+def _w4a4_weight_factors(rank: int, weights: Sequence[Shape]) -> tuple[list[list[Dim]], Dim, dict[str, int]]:
+    """The dims of a W4A4 layer's weights (qweight, wscales, lora_up, alpha, bias), its N factor(s) and the
+    factor sizes. K = (ks h kk): 128-column stages (ks, a reduction factor) of two 64-column blocks."""
+    qweight, wscales, _, alpha, bias = weights
     stages, n, halves = wscales  # prepacked scales (K/128, N, 2): K = (ks h kk), a 128-column stage = (h kk)
-    sizes = dict(ks=stages, h=halves, kk=svdq.GROUP_SIZE, r=la[-1], c=svdq_layout.BLOCK_BYTES)
+    sizes = dict(ks=stages, h=halves, kk=svdq.GROUP_SIZE, r=rank, c=svdq_layout.BLOCK_BYTES, a0=0, b0=0)
     if n == qweight[0] * svdq_layout.BLOCK_N:  # whole 64-row blocks: N = (nb bn)
         nf, qn = ("nb", "bn"), ("nb",)
         sizes.update(nb=qweight[0], bn=svdq_layout.BLOCK_N)
     else:  # padded blocks: N cannot be split with qweight
         nf, qn = ("n",), ("nq",)
         sizes.update(n=n, nq=qweight[0])
-    kblocks = ("ks", "h")  # 64-column K blocks: qweight's block axis, int4 activation scales
-    x_scales = ("ks",) if act_group(act_format) == svdq_layout.KERNEL_K_MULTIPLE else kblocks  # fp8: one per stage
+    dims = [
+        [qn, ("ks", "h"), ("c",)], [("ks",), nf, ("h",)], [("r",), nf],
+        [nf if alpha[0] else ("a0",)], [nf if bias[0] else ("b0",)],
+    ]
+    return dims, nf, sizes
+
+
+_W4A4_REPLICATED = ("h", "kk", "r", "c", "bn", "nq", "a0", "b0")  # inside a stage, block or rank; empty vectors
+
+
+def _w4a4_gemm_rule(shapes: Sequence[Shape], act_format: str) -> SdyShardingRule:
+    la = shapes[2]
+    weights, nf, sizes = _w4a4_weight_factors(la[-1], shapes[3:8])
+    # Activation scales: one per 64-column block (int4), one per stage (fp8).
+    x_scales = ("ks",) if act_group(act_format) == svdq_layout.KERNEL_K_MULTIPLE else ("ks", "h")
     return _rule(
-        [
-            [("ks", "h", "kk")], [x_scales], [("r",)], [qn, kblocks, ("c",)], [("ks",), nf, ("h",)], [("r",), nf],
-            [nf if alpha[0] else ("a0",)], [nf if bias[0] else ("b0",)],
-        ],
-        [[nf]],
-        sizes | dict(a0=0, b0=0),
+        [[("ks", "h", "kk")], [x_scales], [("r",)], *weights], [[nf]], sizes,
         batched=[True, True, True, False, False, False, False, False, True],
-        reduction=("ks",), replicated=("h", "kk", "r", "c", "bn", "nq", "a0", "b0"),
+        reduction=("ks",), replicated=_W4A4_REPLICATED,
+    )
+
+
+def _w4a4_linear_rule(shapes: Sequence[Shape], act_format: str) -> SdyShardingRule:
+    del act_format  # K splits in whole stages, which hold whole groups of either format
+    lora_down = shapes[2]
+    weights, nf, sizes = _w4a4_weight_factors(lora_down[1], shapes[3:8])
+    k = ("ks", "h", "kk")
+    return _rule(
+        [[k], [k], [k, ("r",)], *weights], [[nf]], sizes,
+        batched=[True, False, False, False, False, False, False, False, True],
+        reduction=("ks",), replicated=_W4A4_REPLICATED,
     )
 
 
@@ -270,10 +295,8 @@ def _act_quant_partition(bind, params, mesh, arg_shapes):
     return mesh, local, _named(mesh, results), _named(mesh, (P(*lead, kk), P(kk), P(kk, None)))
 
 
-def _w4a4_gemm_partition(bind, params, mesh, arg_shapes):
-    op = "w4a4_gemm"
-    act_format = params["act_format"]
-    q_x, _, _, qweight, wscales, _, alpha, bias = arg_shapes
+def _w4a4_weight_axes(op: str, mesh: Mesh, qweight, wscales) -> tuple[Axes, Axes]:
+    """The mesh axes that shard a W4A4 layer's N and K, from its prepacked weights' placement (checked)."""
     n_axes, k_axes, byte_axes = _dim_axes(qweight)
     if byte_axes:
         _fail(op, f"qweight's last axis (the bytes of a 64 x 64 block) must not be sharded, got {qweight.sharding.spec}")
@@ -285,18 +308,48 @@ def _w4a4_gemm_partition(bind, params, mesh, arg_shapes):
     if n % (svdq_layout.BLOCK_N * shards_n):
         _fail(op, f"N (out_features) must be a multiple of {svdq_layout.BLOCK_N * shards_n} (64-row blocks x "
                   f"{shards_n} shards of {n_axes}) to shard qweight's N blocks, got {n}")
-    lead, nn, kk = _lead(q_x, n_axes + k_axes), _entry(n_axes), _entry(k_axes)
+    return n_axes, k_axes
+
+
+def _w4a4_weight_specs(nn, kk, alpha, bias) -> tuple[P, ...]:
+    """The shardings of qweight, wscales, lora_up, alpha and bias for N on ``nn`` and K on ``kk``."""
 
     def vector(v):
         return P(nn) if v.shape[0] else P(None)
 
-    args = (P(*lead, kk), P(*lead, kk), P(*lead, None), P(nn, kk, None), P(kk, nn, None), P(None, nn),
-            vector(alpha), vector(bias))
+    return P(nn, kk, None), P(kk, nn, None), P(None, nn), vector(alpha), vector(bias)
+
+
+def _w4a4_gemm_partition(bind, params, mesh, arg_shapes):
+    q_x, _, _, qweight, wscales, _, alpha, bias = arg_shapes
+    n_axes, k_axes = _w4a4_weight_axes("w4a4_gemm", mesh, qweight, wscales)
+    lead, nn, kk = _lead(q_x, n_axes + k_axes), _entry(n_axes), _entry(k_axes)
+    args = (P(*lead, kk), P(*lead, kk), P(*lead, None), *_w4a4_weight_specs(nn, kk, alpha, bias))
 
     def local(*operands):
         if not k_axes:
             return bind(*operands, **params)
-        return w4a4_row_shard(bind, *operands, act_format=act_format, axes=k_axes, la_summed=True)
+        return w4a4_row_shard(bind, *operands, act_format=params["act_format"], axes=k_axes, la_summed=True)
+
+    return mesh, local, NamedSharding(mesh, P(*lead, nn)), _named(mesh, args)
+
+
+def _w4a4_linear_partition(bind, params, mesh, arg_shapes):
+    # The two ops by themselves, for the K-sharded (row) case; imported here: primitives imports this module.
+    from jax_w4a4.ops.primitives import ACT_QUANT, W4A4_GEMM
+
+    x, _, _, qweight, wscales, _, alpha, bias = arg_shapes
+    n_axes, k_axes = _w4a4_weight_axes("w4a4_linear", mesh, qweight, wscales)
+    lead, nn, kk = _lead(x, n_axes + k_axes), _entry(n_axes), _entry(k_axes)
+    args = (P(*lead, kk), P(kk), P(kk, None), *_w4a4_weight_specs(nn, kk, alpha, bias))
+
+    def local(x, smooth, lora_down, *weights):
+        if not k_axes:  # the whole layer on the local columns and tokens: the one call
+            return bind(x, smooth, lora_down, *weights, **params)
+        # Row parallel: LA and the main product are partial sums over the K shards, summed in one psum.
+        activations = ACT_QUANT.bind(x, smooth, lora_down, **params)
+        return w4a4_row_shard(W4A4_GEMM.bind, *activations, *weights, act_format=params["act_format"], axes=k_axes,
+                              la_summed=False)
 
     return mesh, local, NamedSharding(mesh, P(*lead, nn)), _named(mesh, args)
 
@@ -401,16 +454,19 @@ def w4a16_shard_rows(qweight: jax.Array, index: jax.Array | int, shards: int) ->
 RULES: dict[str, Callable[..., SdyShardingRule]] = {
     "act_quant": _act_quant_rule,
     "w4a4_gemm": _w4a4_gemm_rule,
+    "w4a4_linear": _w4a4_linear_rule,
     "w4a16_gemm": _w4a16_gemm_rule,
 }
 OPERANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # (operand names, the activations)
     "act_quant": (("x", "smooth", "lora_down"), ("x",)),
     "w4a4_gemm": (("q_x", "s_x", "la", "qweight", "wscales", "lora_up", "alpha", "bias"), ("q_x", "s_x", "la")),
+    "w4a4_linear": (("x", "smooth", "lora_down", "qweight", "wscales", "lora_up", "alpha", "bias"), ("x",)),
     "w4a16_gemm": (("x", "qweight", "scales", "zeros", "g_idx", "bias"), ("x",)),
 }
 PARTITIONS: dict[str, Callable] = {
     "act_quant": _act_quant_partition,
     "w4a4_gemm": _w4a4_gemm_partition,
+    "w4a4_linear": _w4a4_linear_partition,
     "w4a16_gemm": _w4a16_gemm_partition,
 }
 
@@ -419,18 +475,6 @@ def _spans_devices(ctx: mlir.LoweringRuleContext) -> bool:
     """Whether this lowering is of a ``jax.jit`` over several devices (not a shard_map body, not one device)."""
     axis_context = ctx.module_context.axis_context
     return isinstance(axis_context, sharding_impls.ShardingContext) and axis_context.num_devices > 1
-
-
-def composite_lowering(composite: Callable, local_lowering: Callable, multiple_results: bool) -> Callable:
-    """The lowering rule of an op that is other ops in sequence (``w4a4_linear``): ``local_lowering`` on one
-    device or inside ``shard_map``; over several devices, ``composite`` (its ops partition themselves)."""
-
-    def lowering(ctx, *operands, **params):
-        if not _spans_devices(ctx):
-            return local_lowering(ctx, *operands, **params)
-        return mlir.lower_fun(functools.partial(composite, **params), multiple_results=multiple_results)(ctx, *operands)
-
-    return lowering
 
 
 def partitioned_lowering(name: str, bind: Callable, local_lowering: Callable, multiple_results: bool) -> Callable:

@@ -10,7 +10,8 @@ the weights themselves are batched). Operand order and layouts: ``docs/layouts.m
 
 ``w4a4_linear`` is ``act_quant`` then ``w4a4_gemm`` as one primitive, what :func:`jax_w4a4.linear` runs:
 one FFI call launches both kernels, so that the GEMM starts while act_quant runs (programmatic dependent launch).
-Over several devices it lowers as the two ops, which partition themselves.
+Over several devices it partitions as one op: each device runs the one call on its columns and tokens, except
+where the weights are sharded on K (row parallel), where it runs the two ops and sums their partials.
 """
 
 from __future__ import annotations
@@ -49,8 +50,6 @@ class FusedOp:
       cuda_scratch: for a kernel that needs device scratch, ``(avals_in, params) -> (avals, attributes)``:
         the CUDA lowering gives the FFI call these extra results, arrays that XLA allocates (so the call
         stays CUDA-graph safe), passes the attributes that planned them, and drops them.
-      composite: for an op that is other ops in sequence, that sequence (operands and params as the
-        primitive's); over several devices the op lowers as it, and its ops partition themselves.
     """
 
     name: str
@@ -60,7 +59,6 @@ class FusedOp:
     num_activations: int
     num_results: int
     cuda_scratch: Callable | None = None
-    composite: Callable | None = None
 
     @property
     def multiple_results(self) -> bool:
@@ -82,9 +80,7 @@ class FusedOp:
 
     def _partitioned(self, local_lowering: Callable) -> Callable:
         """``local_lowering`` on one device; over several, the Shardy-ruled partitioning of
-        :mod:`jax_w4a4.ops.partitioning` (whose per-device computation lowers locally), or the composite."""
-        if self.composite is not None:
-            return partitioning.composite_lowering(self.composite, local_lowering, self.multiple_results)
+        :mod:`jax_w4a4.ops.partitioning` (whose per-device computation lowers locally)."""
         return partitioning.partitioned_lowering(self.name, self.bind, local_lowering, self.multiple_results)
 
     def bind(self, *operands: jax.Array, **params):
@@ -303,7 +299,7 @@ def _w4a4_linear_kernel_checks(x, smooth, lora_down, *weights, act_format):
     _w4a4_gemm_kernel_checks(*activations, *weights, act_format=act_format, op="w4a4_linear")
 
 
-def _w4a4_linear_composite(x, smooth, lora_down, *weights, act_format):
+def _w4a4_linear_reference(x, smooth, lora_down, *weights, act_format):
     activations = ACT_QUANT.bind(x, smooth, lora_down, act_format=act_format)
     return W4A4_GEMM.bind(*activations, *weights, act_format=act_format)
 
@@ -319,12 +315,11 @@ def _w4a4_linear_scratch(x, smooth, lora_down, *weights, act_format):
 W4A4_LINEAR = FusedOp(
     name="w4a4_linear",
     abstract_eval=_w4a4_linear_abstract,
-    reference=_w4a4_linear_composite,  # on CPU each op lowers to its reference
+    reference=_w4a4_linear_reference,  # the two ops, each lowered to its reference
     kernel_checks=_w4a4_linear_kernel_checks,
     num_activations=1,
     num_results=1,
     cuda_scratch=_w4a4_linear_scratch,
-    composite=_w4a4_linear_composite,
 )
 
 
@@ -345,7 +340,8 @@ def w4a4_linear(
     Same operands, layouts and result as the two ops in sequence, bit for bit. On the GPU both kernels are
     launched by one call, the GEMM with programmatic dependent launch: its CTAs start and set up while
     act_quant runs, then load its codes as soon as they are stored, before its low-rank sum ends (two custom
-    calls cannot overlap inside XLA's command buffers). Over several devices it lowers as the two ops.
+    calls cannot overlap inside XLA's command buffers). Under ``jax.jit`` over several devices every device runs
+    the one call on its shard, except for weights sharded on K, whose shards run the two ops and one psum.
     """
     alpha = _empty(jnp.float32) if alpha is None else alpha
     bias = _empty(wscales.dtype) if bias is None else bias
