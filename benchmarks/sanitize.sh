@@ -12,7 +12,7 @@
 # buffer overrunning into its neighbour in the pool (XLA_PYTHON_CLIENT_ALLOCATOR=platform gives every buffer
 # its own cudaMalloc and bounds). compute-sanitizer 2025.3.1 itself crashes at times (SIGSEGV, no report, at
 # varying tests of varying groups: session 17 in benchmarks/NOTES.md), so a crashed group says nothing either
-# way; rerun it. racecheck reports hazards on w4a4_gemm's scale copies against the consumers' loads: a
+# way: the script then runs the group's cases one process each. racecheck reports hazards on w4a4_gemm's scale copies against the consumers' loads: a
 # pattern the tool does not follow (a warp's loads released by one lane after __syncwarp), which
 # benchmarks/racecheck_probe.cu reproduces in miniature on correct code (session 46). Exit status: non-zero
 # if a tool reported an error, a test failed or the sanitizer crashed (139). Logs in $OUT (or /tmp/sanitize).
@@ -47,22 +47,41 @@ CASE_GROUPS=(
   "w4a4_gemm:test_w4a4_linear and (M7- or M16-N128 or M20-N4096 or M200- or few_sms)"
 )
 
+# sanitize TOOL NAME LOG PYTEST_ARGS...: one sanitized pytest process; prints its line, returns its exit status.
+sanitize() {
+  local tool=$1 name=$2 log=$3; shift 3
+  timeout "${SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 97 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > "$log" 2>&1
+  local code=$?
+  local summary tests
+  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/=* *//')
+  tests=$(grep -E "[0-9]+ (passed|failed)" "$log" | tail -1)
+  [ $code -eq 139 ] && summary="compute-sanitizer crashed (SIGSEGV) after $(grep -o '^[.FEsx]*' "$log" | tr -d '\n' | wc -c) tests"
+  echo "== $tool $name (exit $code): ${summary:-no summary} | ${tests:-no pytest summary}"
+  [ $code -eq 0 ] || [ $code -eq 139 ] || grep -E "^=+ (Invalid|Error|Race|Barrier|Warning)|^=+ +at |FAILED" "$log" | head -12
+  return $code
+}
+
 compute-sanitizer --version | tail -1
 status=0
 for tool in ${@:-memcheck}; do
   for group in "${CASE_GROUPS[@]}"; do
     [ -z "${SANITIZE_ONLY:-}" ] || grep -qE -- "$SANITIZE_ONLY" <<< "$group" || continue
-    op=${group%%:*} selection=${group#*:}
+    op=${group%%:*} selection=${group#*:} file="tests/gpu/test_${group%%:*}_gpu.py"
     log="$logs/${tool}_${op}_$(echo "$selection" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).log"
-    timeout "${SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 97 --print-limit 20 \
-      python3 -m pytest -q -m gpu "tests/gpu/test_${op}_gpu.py" -k "$selection" -p no:cacheprovider > "$log" 2>&1
+    sanitize "$tool" "$op [$selection]" "$log" "$file" -k "$selection"
     code=$?
+    if [ $code -eq 139 ]; then
+      # The sanitizer's own crash ended the group's process: its cases again, one process each (session 50:
+      # groups that crashed twice ran clean case by case).
+      code=0
+      for case_id in $(python3 -m pytest -q --collect-only -m gpu -p no:cacheprovider "$file" -k "$selection" | grep "::"); do
+        sanitize "$tool" "  $case_id" "$logs/${tool}_${op}_$(echo "${case_id#*::}" | tr -c 'A-Za-z0-9' '_' | cut -c1-120).log" "$case_id"
+        case_code=$?
+        [ $case_code -eq 0 ] || code=$case_code
+      done
+    fi
     [ $code -eq 0 ] || status=$code
-    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/=* *//')
-    tests=$(grep -E "[0-9]+ (passed|failed)" "$log" | tail -1)
-    [ $code -eq 139 ] && summary="compute-sanitizer crashed (SIGSEGV) after $(grep -o '^[.FEsx]*' "$log" | tr -d '\n' | wc -c) tests"
-    echo "== $tool $op [$selection] (exit $code): ${summary:-no summary} | ${tests:-no pytest summary}"
-    [ $code -eq 0 ] || [ $code -eq 139 ] || grep -E "^=+ (Invalid|Error|Race|Barrier|Warning)|^=+ +at |FAILED" "$log" | head -12
   done
 done
 exit "$status"
