@@ -11,19 +11,19 @@ stays automatic, so the token dims of ``x`` may be sharded on it, evenly or not:
 * **row parallel** shards K. Every shard holds whole K-blocks of the packed weights, its K-stages of
   the group scales, ``smooth`` and ``lora_down`` rows; ``x`` is sharded on K (the output of a column
   parallel layer is). Activation groups (64 for int4 / uint4, 128 for fp8) never straddle a shard, so
-  ``act_quant`` on the local slice gives exactly the unsharded codes and scales. Each shard computes
-  its partial main product (``w4a4_gemm`` with rank 0 and no bias, α applied — it distributes over
-  the sum) and its partial ``LA = X_s · L_down,s`` (fp32). Both are summed in **one** fp32 all-reduce
-  (one ``psum`` of the pair; XLA emits one all-reduce for it), then ``LA · L_up`` and β are added
-  once, on the summed result, as the unsharded layer does. w4a16: partial ``w4a16_gemm`` without
-  bias, one fp32 all-reduce, β added once. So a row-parallel layer costs exactly
-  :data:`ROW_PARALLEL_ALL_REDUCES` = 1 all-reduce.
+  ``act_quant`` on the local slice gives exactly the unsharded codes and scales. Each shard runs the
+  whole layer on its K slice without β (:func:`jax_w4a4.ops.w4a4_linear`, the one FFI call: α times
+  its partial main product — α distributes over the sum — plus its share of the low-rank branch,
+  ``(X_s · L_down,s) · L_up``, also a sum over K); the partials are summed in **one** fp32 all-reduce
+  and β is added once. w4a16: partial ``w4a16_gemm`` without bias, one fp32 all-reduce, β added once.
+  So a row-parallel layer costs exactly :data:`ROW_PARALLEL_ALL_REDUCES` = 1 all-reduce.
 
-  Numerics: the primitives return the layer dtype (bf16 / fp16), so each shard's partial main
-  product is rounded to it once before the fp32 sum; the unsharded layer rounds only the final sum.
-  The difference is bounded by half an ulp of every partial plus one of the output (the tests
-  assert that bound, and that the result equals an fp32 sum of the per-shard partials up to fp32
-  summation order). Everything else (activation codes and scales, LA, L_up, β) is identical.
+  Numerics: the primitives return the layer dtype (bf16 / fp16), so each shard's partial is rounded
+  to it once before the fp32 sum, and each shard's ``LA_s`` is rounded to it for its product with
+  ``L_up``; the unsharded layer rounds only the final sum and ``LA``. The difference is bounded by half
+  an ulp of every partial and of every ``|LA_s|·|L_up|`` plus one of the output (the tests assert that
+  bound, and that the result equals an fp32 sum of the per-shard partials up to fp32 summation
+  order). The activation codes and scales and β are identical.
 
 **Layouts.** svdq weights shard as they are: the prepacked ``(N/64, K/64, 2048)`` array splits along
 its N-block axis (column) or K-block axis (row), the prepacked scales ``(K/128, N, 2)`` along N or their
@@ -39,7 +39,7 @@ re-lays it out at placement time, moving words only (no re-quantization):
   permutation, so a shard's contiguous slice of ``x`` would need columns of other shards.
 
 Because the w4a16 arrays no longer form a valid global layout, and because the row-parallel
-algorithm (rank-0 partial GEMMs, one fused all-reduce, L_up once) is a choice no sharding
+algorithm (partial layers without β, one all-reduce, β once) is a choice no sharding
 propagation derives, the placement is carried as metadata: :func:`shard_weights` returns a
 :class:`TensorParallelWeights` pytree (the local weights + static mesh, axis and style).
 
@@ -51,12 +51,10 @@ placement helper: plain ``SVDQuantWeights`` / ``W4A16Weights`` whose arrays the 
 ``NamedSharding`` partition themselves under ``jax.jit``, through the Shardy sharding rules and
 ``custom_partitioning`` callbacks of :mod:`jax_w4a4.ops.partitioning` (why that mechanism, and why at
 the primitives' lowering: see there). Both run the same per-shard code (the row-parallel partial
-GEMMs, psums and L_up / β of :func:`~jax_w4a4.ops.partitioning.w4a4_row_shard` /
+layers, psum and β of :func:`~jax_w4a4.ops.partitioning.w4a4_linear_row_shard` /
 :func:`~jax_w4a4.ops.partitioning.w4a16_row_shard`) and cost the same: no weight all-gather, one
-all-reduce per row layer. The explicit path keeps two things the automatic one cannot have: the w4a16
-re-layout above (by hand, ``qweight``'s rows stay replicated and each call copies its share) and the
-pair (partial, LA) summed by one ``psum`` by construction (the automatic path relies on XLA's
-all-reduce combiner for that).
+all-reduce per row layer. The explicit path keeps what the automatic one cannot have: the w4a16
+re-layout above (by hand, ``qweight``'s rows stay replicated and each call copies its share).
 
 Alignment (checked at placement, ValueError naming the argument): column needs N a multiple of
 ``64 S`` (svdq) / ``16 S`` (w4a16); row needs K a multiple of ``128 S`` (svdq: the 128-column stages of
@@ -230,12 +228,11 @@ def shard_weights(
 
 
 def _row_parallel_local(x: jax.Array, w: ShardableWeights, axis: str) -> jax.Array:
-    """One shard of a row-parallel layer: partial products, one fp32 all-reduce, L_up and β once."""
+    """One shard of a row-parallel layer: the partial layer, one fp32 all-reduce, β once."""
     if isinstance(w, SVDQuantWeights):  # (K is not padded: the alignment of K makes it a multiple of 128)
-        q_x, s_x, la = ops.act_quant(x, w.smooth, w.lora_down, act_format=w.act_format)
-        return w.crop_output(partitioning.w4a4_row_shard(
-            ops.w4a4_gemm, q_x, s_x, la, w.qweight, w.wscales, w.lora_up, w.alpha, w.bias,
-            act_format=w.act_format, axes=(axis,), la_summed=False,
+        return w.crop_output(partitioning.w4a4_linear_row_shard(
+            ops.w4a4_linear, x, w.smooth, w.lora_down, w.qweight, w.wscales, w.lora_up, w.alpha, w.bias,
+            act_format=w.act_format, axes=(axis,),
         ))
     return partitioning.w4a16_row_shard(
         ops.w4a16_gemm, x, w.qweight, w.scales, w.zeros, None, w.bias, group_size=w.group_size, axes=(axis,)

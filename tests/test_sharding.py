@@ -4,6 +4,7 @@ with Shardy rules), ``shard_model`` and the sharded Llama decoder."""
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,6 @@ from jax_w4a4.models import llama
 from jax_w4a4.nn import QuantizedLinear
 from jax_w4a4.nn.linear import linear_weights
 from jax_w4a4.nn.model import replace_at
-from jax_w4a4.reference import _lowrank
 from jax_w4a4.sharding import ROW_PARALLEL_ALL_REDUCES, TensorParallelWeights, shard_model, shard_weights
 from jax_w4a4.weights import SVDQuantWeights
 
@@ -49,14 +49,14 @@ def _mesh(shape):
 
 
 def _slice_k(weights, lo: int, hi: int):
-    """The K-slice [lo, hi) of the global weights as an unsharded layer without L_up and bias."""
+    """The K-slice [lo, hi) of the global weights as an unsharded layer without bias (svdq: its rows of L_down,
+    all of L_up: a shard's share of the low-rank branch)."""
     n, k = weights.out_features, weights.in_features
     if isinstance(weights, SVDQuantWeights):
         logical = svdq_layout.unprepack(weights.qweight, n, k)[:, lo // 2 : hi // 2]
         return dataclasses.replace(
             weights, qweight=svdq_layout.prepack(logical), wscales=weights.wscales[lo // 128 : hi // 128],
-            smooth=weights.smooth[lo:hi], lora_down=weights.lora_down[lo:hi, :0], lora_up=weights.lora_up[:0],
-            bias=None,
+            smooth=weights.smooth[lo:hi], lora_down=weights.lora_down[lo:hi], bias=None,
         )
     g = weights.group_size
     logical = w4a16_layout.unprepack(weights.qweight, n, k)[:, lo // 2 : hi // 2]
@@ -67,20 +67,20 @@ def _slice_k(weights, lo: int, hi: int):
 
 
 def _row_expected(x, weights, shards):
-    """Independent row-parallel math: per-slice unsharded layers, fp32 sum, L_up and bias once.
+    """Independent row-parallel math: per-slice unsharded layers without bias, fp32 sum, bias once.
 
     Returns (expected output fp32, the magnitude that bounds rounding differences: Σ_s |partial_s|,
-    plus 2 |LA|·|L_up| for svdq)."""
+    plus 2 Σ_s |LA_s|·|L_up| for svdq)."""
     step = weights.in_features // shards
-    partials = [linear(x[..., s * step : (s + 1) * step], _slice_k(weights, s * step, (s + 1) * step))
-                for s in range(shards)]
-    partials = [p.astype(jnp.float32) for p in partials]
+    slices = [(x[..., s * step : (s + 1) * step], _slice_k(weights, s * step, (s + 1) * step)) for s in range(shards)]
+    partials = [linear(x_s, w_s).astype(jnp.float32) for x_s, w_s in slices]
     acc, mass = sum(partials), sum(jnp.abs(p) for p in partials)
     if isinstance(weights, SVDQuantWeights):
-        la = x.astype(jnp.float32) @ weights.lora_down.astype(jnp.float32)
-        acc = acc + _lowrank(la, weights.lora_up, weights.dtype)
-        # LA is rounded to bf16 after an fp32 sum whose order may flip that rounding: 1 ulp of LA.
-        mass = mass + 2 * jnp.abs(la) @ jnp.abs(weights.lora_up.astype(jnp.float32))
+        # Each LA_s is rounded to bf16 (for its product with L_up) after an fp32 sum whose order may flip that
+        # rounding: 1 ulp of LA_s; the unsharded layer rounds LA itself, |LA| <= Σ_s |LA_s|.
+        lora_up = jnp.abs(weights.lora_up.astype(jnp.float32))
+        mass = mass + 2 * sum(jnp.abs(x_s.astype(jnp.float32) @ w_s.lora_down.astype(jnp.float32)) @ lora_up
+                              for x_s, w_s in slices)
     if weights.bias is not None:
         acc = acc + weights.bias.astype(jnp.float32)
     return acc.astype(weights.dtype).astype(jnp.float32), mass
@@ -276,17 +276,47 @@ def test_automatic_unsupported_placements_fail_at_compile_time():
 
 @pytest.mark.parametrize("mode", ["svdq-int4", "w4a8"])
 @pytest.mark.parametrize("style", ["column", "row"])
-def test_automatic_w4a4_layer_is_one_partitioned_op(mode, style):
-    # The W4A4 layer partitions as one op of all 8 operands, so each column shard runs the one-call linear
-    # (act_quant and the GEMM in one FFI call on the GPU); row shards run the two ops and one psum inside it.
+def test_w4a4_layer_runs_as_one_op_per_shard(mode, style):
+    # Automatic: the W4A4 layer partitions as one op of all 8 operands. Every shard runs the whole layer on its
+    # slice (the one-call linear on the GPU: act_quant and the GEMM in one FFI call), row shards without β:
+    # their only all-reduce is the (tokens, N) fp32 output, no LA beside it.
     mesh = _mesh((8,))
-    weights = _by_hand(_weights(mode), mesh, style)
     x = jax.ShapeDtypeStruct((4, K), jnp.bfloat16)
-    lowered = jax.jit(linear).lower(x, weights)
-    calls = [line for line in lowered.as_text().splitlines() if "@CustomSPMDPartitioning(" in line]
-    assert len(calls) == 1 and calls[0].count("%arg") == 8, calls
-    hlo = lowered.compile().as_text()
-    assert hlo.count("all-reduce(") == (ROW_PARALLEL_ALL_REDUCES if style == "row" else 0)
+    for path, place in PATHS.items():
+        lowered = jax.jit(linear).lower(x, place(_weights(mode), mesh, style))
+        if path == "automatic":
+            calls = [line for line in lowered.as_text().splitlines() if "@CustomSPMDPartitioning(" in line]
+            assert len(calls) == 1 and calls[0].count("%arg") == 8, calls
+        all_reduces = [line for line in lowered.compile().as_text().splitlines() if "all-reduce(" in line]
+        if style == "column":
+            assert all_reduces == [], path
+        else:
+            assert len(all_reduces) == ROW_PARALLEL_ALL_REDUCES and re.search(r"= f32\[4,\d+\]\S* all-reduce\(",
+                                                                              all_reduces[0]), (path, all_reduces)
+
+
+@pytest.mark.parametrize("mode", ["svdq-int4", "w4a8"])
+def test_automatic_act_quant_and_gemm_alone(mode, rng):
+    # The two ops called by themselves partition themselves too: column shards equal the unsharded layer; row
+    # shards psum LA and the rank-0 partial product (XLA combines them into one all-reduce), L_up and β once.
+    mesh = _mesh((8,))
+    weights = _weights(mode)
+    x = jnp.asarray(rng.standard_normal((5, K)), jnp.bfloat16)
+
+    def two_ops(x, w):
+        activations = ops.act_quant(x, w.smooth, w.lora_down, act_format=w.act_format)
+        return ops.w4a4_gemm(*activations, w.qweight, w.wscales, w.lora_up, w.alpha, w.bias, act_format=w.act_format)
+
+    want = np.asarray(linear(x, weights).astype(jnp.float32))
+    _, partial_mass = _row_expected(x, weights, mesh.shape["tensor"])
+    for style in ("column", "row"):
+        compiled = jax.jit(two_ops).lower(x, _by_hand(weights, mesh, style)).compile()
+        y = np.asarray(compiled(x, _by_hand(weights, mesh, style)).astype(jnp.float32))
+        assert compiled.as_text().count("all-reduce(") == (ROW_PARALLEL_ALL_REDUCES if style == "row" else 0), style
+        if style == "column":
+            np.testing.assert_array_equal(y, want)
+        else:  # half an ulp of every partial and of every |LA_s|·|L_up| (a superset of LA's), one of the output
+            np.testing.assert_array_less(np.abs(y - want), BF16_EPS / 2 * partial_mass + BF16_EPS * np.abs(want) + 1e-6)
 
 
 def test_automatic_under_vmap(rng):

@@ -19,16 +19,17 @@ therefore carries
   - N sharded (column parallel): the local op on the local columns, output sharded on N. No
     communication. The whole W4A4 layer (``w4a4_linear``) is one partitioned op, so each shard runs
     the one FFI call that overlaps the GEMM with act_quant.
-  - K sharded (row parallel): ``act_quant`` on the local K slice (activation groups never straddle a
-    shard, so codes and scales are the unsharded ones), its tiny ``(..., r)`` fp32 ``LA`` partial;
-    ``w4a4_gemm`` computes its partial main product (rank 0, no bias; α distributes over the sum),
-    then one fp32 ``psum`` of both partials, then ``LA · L_up`` and β once (``w4a4_linear``'s
-    shards run the two ops). ``act_quant`` and ``w4a4_gemm`` partitioned on their own psum LA and
-    the product apart; the two psums are independent, so XLA's all-reduce combiner emits them as
-    **one** all-reduce (the tests assert the compiled count, ``jax_w4a4.sharding.ROW_PARALLEL_ALL_REDUCES``
-    = 1, as for the explicit path). w4a16: one psum. The per-shard code is the explicit path's
-    (:func:`w4a4_row_shard`, :func:`w4a16_row_shard`); the numerics are the same (each partial
-    rounded to the layer dtype once before the fp32 sum).
+  - K sharded (row parallel): every shard runs the op on its K slice (activation groups never
+    straddle a shard, so codes and scales are the unsharded ones) without β, then one fp32 ``psum``
+    of the partial results and β once. ``w4a4_linear``: the whole layer, α times the partial main
+    product (α distributes over the sum) plus the shard's share of the low-rank branch,
+    ``(X_s · L_down,s) · L_up`` (:func:`w4a4_linear_row_shard`: the one call per shard, one all-reduce of
+    the output only). ``act_quant`` alone psums its tiny ``(..., r)`` fp32 ``LA``; ``w4a4_gemm`` alone
+    then computes its partial main product (rank 0), an fp32 ``psum``, ``LA · L_up`` and β once
+    (:func:`w4a4_row_shard`); XLA's all-reduce combiner emits the two psums as one all-reduce. The
+    tests assert the compiled count, ``jax_w4a4.sharding.ROW_PARALLEL_ALL_REDUCES`` = 1, as for the
+    explicit path, whose per-shard code this is (:func:`w4a4_linear_row_shard`,
+    :func:`w4a16_row_shard`); numerics: :mod:`jax_w4a4.sharding`.
   - token dims sharded (data parallel, even or not): passed through; nothing is communicated.
 
 Unsupported placements fail when the program is compiled (``.lower(...).compile()`` or the first
@@ -329,27 +330,22 @@ def _w4a4_gemm_partition(bind, params, mesh, arg_shapes):
     def local(*operands):
         if not k_axes:
             return bind(*operands, **params)
-        return w4a4_row_shard(bind, *operands, act_format=params["act_format"], axes=k_axes, la_summed=True)
+        return w4a4_row_shard(bind, *operands, act_format=params["act_format"], axes=k_axes)
 
     return mesh, local, NamedSharding(mesh, P(*lead, nn)), _named(mesh, args)
 
 
 def _w4a4_linear_partition(bind, params, mesh, arg_shapes):
-    # The two ops by themselves, for the K-sharded (row) case; imported here: primitives imports this module.
-    from jax_w4a4.ops.primitives import ACT_QUANT, W4A4_GEMM
-
     x, _, _, qweight, wscales, _, alpha, bias = arg_shapes
     n_axes, k_axes = _w4a4_weight_axes("w4a4_linear", mesh, qweight, wscales)
     lead, nn, kk = _lead(x, n_axes + k_axes), _entry(n_axes), _entry(k_axes)
     args = (P(*lead, kk), P(kk), P(kk, None), *_w4a4_weight_specs(nn, kk, alpha, bias))
 
-    def local(x, smooth, lora_down, *weights):
-        if not k_axes:  # the whole layer on the local columns and tokens: the one call
-            return bind(x, smooth, lora_down, *weights, **params)
-        # Row parallel: LA and the main product are partial sums over the K shards, summed in one psum.
-        activations = ACT_QUANT.bind(x, smooth, lora_down, **params)
-        return w4a4_row_shard(W4A4_GEMM.bind, *activations, *weights, act_format=params["act_format"], axes=k_axes,
-                              la_summed=False)
+    def local(*operands):
+        # The one call on the shard's columns, tokens and K slice (without β where K is split).
+        if not k_axes:
+            return bind(*operands, **params)
+        return w4a4_linear_row_shard(bind, *operands, act_format=params["act_format"], axes=k_axes)
 
     return mesh, local, NamedSharding(mesh, P(*lead, nn)), _named(mesh, args)
 
@@ -398,28 +394,42 @@ def _w4a16_gemm_partition(bind, params, mesh, arg_shapes):
 # Per-shard code shared with the explicit path (jax_w4a4.sharding)
 
 
-def w4a4_row_shard(
-    gemm: Callable, q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format: str, axes: Axes,
-    la_summed: bool,
+def _summed_over_shards(partial: jax.Array, axes: Axes, bias: jax.Array | None, once: jax.Array | None = None):
+    """A row-parallel layer's result from its shard's ``partial`` (in the layer dtype, without β): one fp32
+    ``psum`` over ``axes``, then ``once`` (an fp32 term of the whole layer) and β added once."""
+    acc = lax.psum(partial.astype(jnp.float32), axes)
+    if once is not None:
+        acc = acc + once
+    if bias is not None and bias.shape[0]:
+        acc = acc + bias.astype(jnp.float32)
+    return acc.astype(partial.dtype)
+
+
+def w4a4_linear_row_shard(
+    linear: Callable, x, smooth, lora_down, qweight, wscales, lora_up, alpha, bias, *, act_format: str, axes: Axes
 ) -> jax.Array:
-    """One shard of a K-sharded W4A4 GEMM: the partial main product (rank 0, no bias, α applied), an
-    fp32 ``psum`` over ``axes`` (of the pair with the partial ``LA`` unless ``la_summed``), then
-    ``LA · L_up`` and β once. ``gemm`` takes the operands of ``w4a4_gemm`` (the primitive's bind or
-    :func:`jax_w4a4.ops.w4a4_gemm`); ``alpha`` / ``bias`` may be None or empty."""
+    """One shard of a K-sharded W4A4 layer: the whole layer on the shard's K slice without β (α · its
+    partial main product + its share of the low-rank branch, ``(X_s · L_down,s) · L_up``: both are sums
+    over K), one fp32 ``psum`` over ``axes``, β once. ``linear`` takes the operands of ``w4a4_linear``
+    (the primitive's bind or :func:`jax_w4a4.ops.w4a4_linear`); ``alpha`` / ``bias`` may be None or empty."""
+    alpha = jnp.zeros((0,), jnp.float32) if alpha is None else alpha
+    no_bias = jnp.zeros((0,), wscales.dtype)
+    partial = linear(x, smooth, lora_down, qweight, wscales, lora_up, alpha, no_bias, act_format=act_format)
+    return _summed_over_shards(partial, axes, bias)
+
+
+def w4a4_row_shard(
+    gemm: Callable, q_x, s_x, la, qweight, wscales, lora_up, alpha, bias, *, act_format: str, axes: Axes
+) -> jax.Array:
+    """One shard of a K-sharded W4A4 GEMM whose ``la`` is already summed over the shards: the partial main
+    product (rank 0, no bias, α applied), an fp32 ``psum`` over ``axes``, then ``LA · L_up`` and β once.
+    ``gemm`` takes the operands of ``w4a4_gemm``; ``alpha`` / ``bias`` may be None or empty."""
     out_dtype = wscales.dtype
     alpha = jnp.zeros((0,), jnp.float32) if alpha is None else alpha
     partial = gemm(
         q_x, s_x, la[..., :0], qweight, wscales, lora_up[:0], alpha, jnp.zeros((0,), out_dtype), act_format=act_format
-    ).astype(jnp.float32)
-    if la_summed:
-        acc = lax.psum(partial, axes)
-    else:
-        acc, la = lax.psum((partial, la), axes)
-    if lora_up.shape[0]:
-        acc = acc + reference._lowrank(la, lora_up, out_dtype)
-    if bias is not None and bias.shape[0]:
-        acc = acc + bias.astype(jnp.float32)
-    return acc.astype(out_dtype)
+    )
+    return _summed_over_shards(partial, axes, bias, reference._lowrank(la, lora_up, out_dtype) if lora_up.shape[0] else None)
 
 
 def w4a16_row_shard(
@@ -428,10 +438,7 @@ def w4a16_row_shard(
     """One shard of a K-sharded W4A16 GEMM: the partial product without bias, one fp32 ``psum`` over
     ``axes``, β once. ``qweight`` holds the shard's K words with its own identity permutation row."""
     partial = gemm(x, qweight, scales, zeros, g_idx, jnp.zeros((0,), x.dtype), group_size=group_size)
-    acc = lax.psum(partial.astype(jnp.float32), axes)
-    if bias is not None and bias.shape[0]:
-        acc = acc + bias.astype(jnp.float32)
-    return acc.astype(x.dtype)
+    return _summed_over_shards(partial, axes, bias)
 
 
 def w4a16_identity_tail(k: int) -> jax.Array:

@@ -10,8 +10,8 @@ the weights themselves are batched). Operand order and layouts: ``docs/layouts.m
 
 ``w4a4_linear`` is ``act_quant`` then ``w4a4_gemm`` as one primitive, what :func:`jax_w4a4.linear` runs:
 one FFI call launches both kernels, so that the GEMM starts while act_quant runs (programmatic dependent launch).
-Over several devices it partitions as one op: each device runs the one call on its columns and tokens, except
-where the weights are sharded on K (row parallel), where it runs the two ops and sums their partials.
+Over several devices it partitions as one op: each device runs the one call on its columns, tokens and K slice
+(row parallel: without β, then one psum of the partial outputs and β once).
 """
 
 from __future__ import annotations
@@ -341,7 +341,7 @@ def w4a4_linear(
     launched by one call, the GEMM with programmatic dependent launch: its CTAs start and set up while
     act_quant runs, then load its codes as soon as they are stored, before its low-rank sum ends (two custom
     calls cannot overlap inside XLA's command buffers). Under ``jax.jit`` over several devices every device runs
-    the one call on its shard, except for weights sharded on K, whose shards run the two ops and one psum.
+    the one call on its shard (weights sharded on K: without β, then one psum and β once).
     """
     alpha = _empty(jnp.float32) if alpha is None else alpha
     bias = _empty(wscales.dtype) if bias is None else bias
