@@ -394,7 +394,9 @@ def _w4a16_gemm_partition(bind, params, mesh, arg_shapes):
 # Per-shard code shared with the explicit path (jax_w4a4.sharding)
 
 
-def _summed_over_shards(partial: jax.Array, axes: Axes, bias: jax.Array | None, once: jax.Array | None = None):
+def _summed_over_shards(
+    partial: jax.Array, axes: Axes, bias: jax.Array | None, once: jax.Array | None = None
+) -> jax.Array:
     """A row-parallel layer's result from its shard's ``partial`` (in the layer dtype, without β): one fp32
     ``psum`` over ``axes``, then ``once`` (an fp32 term of the whole layer) and β added once."""
     acc = lax.psum(partial.astype(jnp.float32), axes)
@@ -429,7 +431,8 @@ def w4a4_row_shard(
     partial = gemm(
         q_x, s_x, la[..., :0], qweight, wscales, lora_up[:0], alpha, jnp.zeros((0,), out_dtype), act_format=act_format
     )
-    return _summed_over_shards(partial, axes, bias, reference._lowrank(la, lora_up, out_dtype) if lora_up.shape[0] else None)
+    lowrank = reference._lowrank(la, lora_up, out_dtype) if lora_up.shape[0] else None
+    return _summed_over_shards(partial, axes, bias, lowrank)
 
 
 def w4a16_row_shard(
