@@ -321,33 +321,25 @@ def _w4a4_weight_specs(nn, kk, alpha, bias) -> tuple[P, ...]:
     return P(nn, kk, None), P(kk, nn, None), P(None, nn), vector(alpha), vector(bias)
 
 
-def _w4a4_gemm_partition(bind, params, mesh, arg_shapes):
-    q_x, _, _, qweight, wscales, _, alpha, bias = arg_shapes
-    n_axes, k_axes = _w4a4_weight_axes("w4a4_gemm", mesh, qweight, wscales)
-    lead, nn, kk = _lead(q_x, n_axes + k_axes), _entry(n_axes), _entry(k_axes)
-    args = (P(*lead, kk), P(*lead, kk), P(*lead, None), *_w4a4_weight_specs(nn, kk, alpha, bias))
+def _w4a4_partition(op: str, activation_specs: Callable, row_shard: Callable) -> Callable:
+    """The partition callback of a W4A4 op (operands: its activations, then qweight, wscales, lora_up, α, β):
+    the weights' placement decides; unsharded K runs the op on the shard's columns and tokens, sharded K
+    ``row_shard``. ``activation_specs(lead, kk)``: the activations' shardings."""
 
-    def local(*operands):
-        if not k_axes:
-            return bind(*operands, **params)
-        return w4a4_row_shard(bind, *operands, act_format=params["act_format"], axes=k_axes)
+    def partition(bind, params, mesh, arg_shapes):
+        activation, *_, qweight, wscales, _, alpha, bias = arg_shapes
+        n_axes, k_axes = _w4a4_weight_axes(op, mesh, qweight, wscales)
+        lead, nn, kk = _lead(activation, n_axes + k_axes), _entry(n_axes), _entry(k_axes)
+        args = (*activation_specs(lead, kk), *_w4a4_weight_specs(nn, kk, alpha, bias))
 
-    return mesh, local, NamedSharding(mesh, P(*lead, nn)), _named(mesh, args)
+        def local(*operands):
+            if not k_axes:
+                return bind(*operands, **params)
+            return row_shard(bind, *operands, act_format=params["act_format"], axes=k_axes)
 
+        return mesh, local, NamedSharding(mesh, P(*lead, nn)), _named(mesh, args)
 
-def _w4a4_linear_partition(bind, params, mesh, arg_shapes):
-    x, _, _, qweight, wscales, _, alpha, bias = arg_shapes
-    n_axes, k_axes = _w4a4_weight_axes("w4a4_linear", mesh, qweight, wscales)
-    lead, nn, kk = _lead(x, n_axes + k_axes), _entry(n_axes), _entry(k_axes)
-    args = (P(*lead, kk), P(kk), P(kk, None), *_w4a4_weight_specs(nn, kk, alpha, bias))
-
-    def local(*operands):
-        # The one call on the shard's columns, tokens and K slice (without β where K is split).
-        if not k_axes:
-            return bind(*operands, **params)
-        return w4a4_linear_row_shard(bind, *operands, act_format=params["act_format"], axes=k_axes)
-
-    return mesh, local, NamedSharding(mesh, P(*lead, nn)), _named(mesh, args)
+    return partition
 
 
 def _w4a16_gemm_partition(bind, params, mesh, arg_shapes):
@@ -475,8 +467,12 @@ OPERANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # (operand nam
 }
 PARTITIONS: dict[str, Callable] = {
     "act_quant": _act_quant_partition,
-    "w4a4_gemm": _w4a4_gemm_partition,
-    "w4a4_linear": _w4a4_linear_partition,
+    "w4a4_gemm": _w4a4_partition(  # q_x, s_x, la
+        "w4a4_gemm", lambda lead, kk: (P(*lead, kk), P(*lead, kk), P(*lead, None)), w4a4_row_shard
+    ),
+    "w4a4_linear": _w4a4_partition(  # x, smooth, lora_down
+        "w4a4_linear", lambda lead, kk: (P(*lead, kk), P(kk), P(kk, None)), w4a4_linear_row_shard
+    ),
     "w4a16_gemm": _w4a16_gemm_partition,
 }
 
