@@ -19,6 +19,7 @@ or α/β would fail that bound.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import zlib
 
@@ -26,10 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType
 
+import jax_w4a4
 from jax_w4a4 import budget, ops, reference
 from jax_w4a4.formats import svdq, svdq_layout
 from jax_w4a4.ops import _library
+from jax_w4a4.sharding import shard_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -256,6 +260,30 @@ def test_w4a4_linear_overlapped_equals_the_two_ops_apart(case):
     """ops.w4a4_linear launches act_quant and the GEMM in one FFI call, the GEMM with programmatic dependent
     launch: it starts while act_quant runs and must wait for act_quant's outputs before it reads them."""
     _check_linear_equals_the_two_ops(case)
+
+
+@pytest.mark.parametrize("style", ["column", "row"])
+def test_w4a4_tensor_parallel_shard_on_one_device(style):
+    """A tensor-parallel shard's code on the GPU (shard_weights: a shard_map over a 1-device "tensor" axis; the
+    automatic path runs the same per-device code): a column shard is the unsharded layer bit for bit; a row
+    shard runs the one-call linear without β, sums it over the axis in fp32 and adds β once."""
+    key_w, key_b, key_x = jax.random.split(jax.random.key(zlib.crc32(f"tensor-parallel-{style}".encode())), 3)
+    n, k = 1024, 2048
+    w = jax.random.normal(key_w, (n, k), jnp.float32) / np.sqrt(k)
+    bias = jax.random.normal(key_b, (n,), jnp.float32)
+    weights = jax_w4a4.quantize_linear(w, bias, mode="svdq-int4", rank=32)
+    x = jax.random.normal(key_x, (16, k), BF16)
+    mesh = jax.make_mesh((1,), ("tensor",), axis_types=(AxisType.Auto,), devices=jax.devices()[:1])
+    placed = shard_weights(weights, mesh, style=style)
+    if style == "column":
+        want = np.asarray(jax.jit(jax_w4a4.linear)(x, weights))
+    else:
+        partial = jax.jit(jax_w4a4.linear)(x, dataclasses.replace(weights, bias=None))
+        want = np.asarray((partial.astype(jnp.float32) + weights.bias.astype(jnp.float32)).astype(BF16))
+    _poison_output_memory((16, n), BF16)
+    got = np.asarray(jax.jit(jax_w4a4.linear)(x, placed))
+    np.testing.assert_array_equal(got, want)
+    assert np.isfinite(got.astype(np.float32)).all()
 
 
 def test_w4a4_linear_planned_for_few_sms(monkeypatch):
