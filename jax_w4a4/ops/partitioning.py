@@ -43,8 +43,8 @@ are replicated instead (an all-gather of activations, never of weights).
 with a user rule, it runs under Shardy (the default partitioner; GSPMD callbacks are deprecated), and
 per primitive it composes with any model code, as Transformer Engine's JAX primitives do. A
 ``shard_map`` can only be the answer when the caller knows the placement (that is the explicit path,
-:mod:`jax_w4a4.sharding`). The cost of the op level is that LA and the main product are two psums
-(combined by XLA, see above) instead of one by construction.
+:mod:`jax_w4a4.sharding`). The whole layer is one op (``w4a4_linear``), so its row shards psum once by
+construction; only ``act_quant`` and ``w4a4_gemm`` called apart psum twice (combined by XLA, see above).
 
 **Why at the lowering, not around** :func:`jax_w4a4.linear`: the primitives stay primitives in
 jaxprs (vmap, export and the shard_map path see exactly what they saw before) and only a lowering for
