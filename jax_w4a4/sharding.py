@@ -80,7 +80,7 @@ from jax_w4a4.weights import SVDQuantWeights, W4A16Weights
 
 Style = Literal["column", "row"]
 STYLES: tuple[str, ...] = ("column", "row")
-ROW_PARALLEL_ALL_REDUCES = 1  # per row-parallel layer: the partial main product and LA, summed together
+ROW_PARALLEL_ALL_REDUCES = 1  # per row-parallel layer: the fp32 sum of the partial outputs
 ShardableWeights = SVDQuantWeights | W4A16Weights
 
 
