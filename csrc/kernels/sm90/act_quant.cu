@@ -681,7 +681,7 @@ __global__ void __launch_bounds__(TileConfig<kBlockRows, kRankCap>::kThreads, Ti
   rows.q_step = Cfg::kQuantRowStep * q_row_bytes;
   // The W4A4 linear's promotion records, (rows, k/64): this lane's 64-group of its first row.
   const uint32_t records_per_row = k / 64;
-  rows.record = kBlockRows != 16 || p.promotion_records == nullptr  // ActQuantWritesPromotionRecords
+  rows.record = !ActQuantBlockRowsWritePromotionRecords(kBlockRows) || p.promotion_records == nullptr
                     ? nullptr
                     : p.promotion_records + (row0 + first_row) * records_per_row + unit_column / 4;
   rows.record_step = Cfg::kQuantRowStep * records_per_row;

@@ -161,7 +161,10 @@ struct ActQuantLaunch {
 // Whether the launch can write the W4A4 linear's promotion records (ActQuantArgs::promotion_records): only the
 // decode instances (16-row blocks) carry that code, which would cost the 64-row instances registers (spills at
 // their 128 cap).
-constexpr bool ActQuantWritesPromotionRecords(const ActQuantLaunch& launch) { return launch.shape.block_rows == 16; }
+constexpr bool ActQuantBlockRowsWritePromotionRecords(int block_rows) { return block_rows == 16; }
+constexpr bool ActQuantWritesPromotionRecords(const ActQuantLaunch& launch) {
+  return ActQuantBlockRowsWritePromotionRecords(launch.shape.block_rows);
+}
 
 // The largest power-of-two split worth taking for num_chunks chunks of K.
 constexpr int ActQuantSplitCap(int num_chunks) {
