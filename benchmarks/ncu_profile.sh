@@ -12,7 +12,8 @@ export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" XLA_PYTHON_CL
 logs=${OUT:-/tmp/ncu}
 mkdir -p "$logs"
 declare -A KERNEL=([w4a4_prefill]=W4A4GemmKernel [w4a4_decode]=W4A4GemmKernel [w4a4_decode16]=W4A4GemmKernel [act_quant]=ActQuantKernel
-                   [w4a16_m1]=W4a16GemmKernel [w4a16_m16]=W4a16GemmKernel [w4a16_8k_m1]=W4a16GemmKernel
+                   [w4a16_m1]=W4a16GemmKernel [w4a16_m16]=W4a16GemmKernel [w4a16_m32]=W4a16GemmKernel
+                   [w4a16_m64]=W4a16GemmKernel [w4a16_8k_m1]=W4a16GemmKernel
                    [w4a16_8k_m16]=W4a16GemmKernel)
 if [ "${1:-}" = chain ]; then  # every kernel of the benchmark chain, durations only
   timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum python3 benchmarks/profile_kernels.py w4a4_chain \

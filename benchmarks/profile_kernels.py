@@ -3,7 +3,7 @@
     ncu --clock-control none -k regex:'W4A4|W4a16|ActQuant|ExpandWeights' python benchmarks/profile_kernels.py [case ...]
 
 Cases: w4a4_prefill (8192³, rank 32), w4a4_decode / w4a4_decode16 (1 / 16 x 28672 x 8192), act_quant (4096 x 4096, rank 32),
-w4a16_m1 / w4a16_m16 (28672 x 8192, g128), w4a16_8k_m1 / w4a16_8k_m16 (8192 x 8192, g128). Each case compiles, warms up once, then runs once more, so
+w4a16_m1 / w4a16_m16 / w4a16_m32 / w4a16_m64 (28672 x 8192, g128), w4a16_8k_m1 / w4a16_8k_m16 (8192 x 8192, g128). Each case compiles, warms up once, then runs once more, so
 the profiled launch is a steady-state one (pass `--launch-skip` per kernel to ncu to pick it).
 """
 
@@ -75,6 +75,8 @@ CASES = {
     "act_quant": lambda: _w4a4(4096, 4096, 4096),  # act_quant's profiled launch is this case's
     "w4a16_m1": lambda: _w4a16(1, 28672, 8192),
     "w4a16_m16": lambda: _w4a16(16, 28672, 8192),
+    "w4a16_m32": lambda: _w4a16(32, 28672, 8192),
+    "w4a16_m64": lambda: _w4a16(64, 28672, 8192),
     "w4a16_8k_m1": lambda: _w4a16(1, 8192, 8192),
     "w4a16_8k_m16": lambda: _w4a16(16, 8192, 8192),
     "w4a4_chain": _w4a4_chain,

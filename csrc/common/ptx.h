@@ -14,6 +14,17 @@ __device__ __forceinline__ uint32_t SharedAddress(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// setmaxnreg: a warpgroup gives registers back to the CTA's launch pool (Dec) or takes them from it (Inc, which
+// blocks until the pool holds them: only what another warpgroup gave back).
+template <int kRegisters>
+__device__ __forceinline__ void SetMaxRegistersDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void SetMaxRegistersInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
 // L2 cache policies for cache-hinted loads: evict-first for data read exactly once (streamed weights).
 __device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
   uint64_t policy;

@@ -278,7 +278,8 @@ W4A16_FORMS = ("wide", "whole", "narrow", "narrow32", "whole7")  # W4a16Form in 
 class W4a16Launch:
     """The launch plan of one w4a16 GEMM (PlanW4a16Launch): ``m_blocks`` x ``n_tiles`` x ``splits`` CTAs of
     ``threads`` threads, of plan ``form`` (``w4a16_plan(m_tiles, form=form)``); wide and whole-SM CTAs ("whole",
-    "whole7") own ``warps`` warps' rows, narrow and narrow32 ones one warp's rows shared by ``k_lanes`` warps, each
+    "whole7") own ``warps`` warps' rows (launched as whole warpgroups; where one CTA holds an SM, except "whole" at
+    16 tokens, one more warpgroup whose first warp issues the CTA's loads), narrow and narrow32 ones one warp's rows shared by ``k_lanes`` warps, each
     computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole-SM: 1); an unsplit narrow launch from 8 tokens
     that fills the SMs starts its CTAs' K loops at ``k_phases`` evenly spaced stages (by column tile, wrapping
     around), so that they do not all read the same activations from L2 at once (else 1). ``splits`` cuts K: wide and
@@ -388,8 +389,10 @@ def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order:
                 f"{_count(w4a16_split_granule(plan.form), 'atom')}), {runs}; clusters of {plan.splits} CTAs add "
                 f"through shared memory")
     else:
-        work = (f"{plan.warps} row warps ({plan.warps * warp_rows} rows) a CTA, K in {plan.splits} split(s) of "
-                f"{-(-(k // 64) // plan.splits)} atoms")
+        producer = ("plus a producer warpgroup" if plan.threads > 128 * -(-plan.warps // 4)
+                    else "the last warp's lane 0 also produces")
+        work = (f"{plan.warps} row warps ({plan.warps * warp_rows} rows) a CTA ({producer}), K in {plan.splits} "
+                f"split(s) of {-(-(k // 64) // plan.splits)} atoms")
         if plan.splits > 1:
             work += f"; the last of a row warp's splits sums its rows ({plan.arrival_counters} arrival counters)"
     workspace = w4a16_workspace_bytes(m, n, k, group_size, act_order=act_order, num_sms=num_sms)

@@ -40,10 +40,10 @@
 // so the X fragments, the loop and the barrier serve twice the weights; beyond, two tiles in wide CTAs, since
 // the accumulators fill the registers; whole-SM CTAs twice the wide CTA's, below) and a K range (split-K over
 // `splits` CTAs), chosen on the host so one wave covers the 132 SMs (x 2 CTAs per SM up to 16 tokens). The CTA
-// launches whole warpgroups; the warps past `warps` own no rows and only join the wgmmas. Tokens beyond 64 run
-// as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to the workspace in MMA
-// fragment order; for each row warp, the last of its splits to arrive (an arrival counter per tile and row warp,
-// common/arrival_counters.h, which re-arms itself: no memset) sums that warp's rows in split order —
+// launches whole warpgroups (and a producer warpgroup: Pipelines); the warps past `warps` own no rows and only join
+// the wgmmas. Tokens beyond 64 run as more CTAs along gridDim.y (one 64-token block each). Split-K partials go to
+// the workspace in MMA fragment order; for each row warp, the last of its splits to arrive (an arrival counter per
+// tile and row warp, common/arrival_counters.h, which re-arms itself: no memset) sums that warp's rows in split order —
 // deterministic, no host sync, CUDA-graph safe. Per warp, not per CTA: a CTA's warps end their loops up to
 // microseconds apart, and the tile's sum and epilogue spread over the warps of its splits (session 32, us at M = 1
 // / 16: 28672 x 8192 36.0 / 41.5-41.8 -> 35.3-35.4 / 40.9-41.3, 8192 x 28672 (16 splits) 46.3-46.4 -> 45.1 at 16).
@@ -72,18 +72,31 @@
 // __syncthreads published) and exits; rank 0 waits for the bytes, adds the slots in rank order (deterministic)
 // and stores Y.
 //
-// Pipelines (wide: the warps compute, one thread also produces; narrow: a producer warp; no __syncthreads
-// in the loop):
+// Pipelines (no __syncthreads in the loop). Who produces (HasProducerWarpgroup in w4a16_gemm_plan.h):
+//  * one-CTA-per-SM wide and whole-SM CTAs (but kWhole at 16 tokens): a producer warpgroup past the computing
+//    ones, whose first warp's lane 0 issues the ring and whose other warps exit; it gives 128 of its registers a
+//    thread to the computing warpgroups (setmaxnreg.dec 40 / .inc 232: 384 threads leave ptxas 168 at launch).
+//    A lone producer warp (288 threads) does not work: ptxas allocates registers as for 384 threads, and an .inc
+//    finds nothing in the pool that no warpgroup gave back (it waits forever: session 51's first try hung).
+//    Until session 51 the producer lane sat in the last computing warp and refilled a slot before computing
+//    each atom: its warp started every atom late by the empty-barrier wait for the CTA's slowest warp and three
+//    TMA issues, and with wgmma its three warpgroup siblings waited for it at the atom's first wgmma (ncu: ~9% of
+//    the 32-token stall samples there). Measured, us at M = 1 / 16 / 32 / 64 on 28672 x 8192: 35.8 / 41.5 / 60.9 /
+//    86.8 -> 35.4 / 40.1 / 55.0 / 71.8 (benchmarks/NOTES.md, session 51);
+//  * two-CTA-per-SM wide CTAs (8 and 16 tokens): still lane 0 of the last warp, which also computes (a producer
+//    warpgroup in each CTA would leave the computing warps ~104 registers a thread, against the 126-128 they use);
+//  * narrow CTAs: a producer warp beside the k-lanes.
 //  * main ring, kStages deep, one stage = one 64-wide K atom (kStages - 1 atoms in flight while one is
-//    computed), filled by TMA: the producer (lane 0 of the last warp) issues per stage the weights of all
+//    computed; with a producer warpgroup kStages), filled by TMA: the producer issues per stage the weights of all
 //    the CTA's m16 tiles (16 rows x 64 k each in fragment order, contiguous row blocks: one box,
 //    L2::evict_first: read exactly once), the X tile (one box into 128-byte rows with the 128-byte
 //    swizzle, the wgmma B operand; rows past M arrive as zeros; narrow: one 3-D box of the stage's atoms
 //    with only the M token rows, see below), and the scales and zero points of the
 //    atom's groups for the CTA's rows (one box each from their (K/G, N) kernel layout), all counted by
 //    the stage's full mbarrier. Every warp releases the stage on its empty mbarrier once its reads are
-//    done (wgmma: the atom's wgmmas retired); the producer refills the slot of atom i - 1 before it
-//    computes atom i. The wgmmas read the TMA-written stage directly: no proxy fence.
+//    done (wgmma: the atom's wgmmas retired); the producer (warp) refills a slot once its computing warps
+//    have released it (an inline producer lane: the slot of atom i - 1, before it computes atom i). The wgmmas
+//    read the TMA-written stage directly: no proxy fence.
 //    (Until session 10 every thread cp.async'ed its own fragment words and X chunks, with a __syncthreads
 //    per atom, and fetched the scales with 2-byte loads of an (N, K/G) layout into a double-buffered
 //    table. Measured at 1 x 28672 x 8192: 45.7 -> 44.0 us with the TMA ring, -> 38.8-39.5 us with the
@@ -148,8 +161,16 @@ template <int kMTiles, W4a16Form kForm>  // n8 tiles of tokens; how the CTAs hol
 struct Config {
   static constexpr bool kNarrow = IsNarrow(kForm);
   static constexpr W4a16Plan kPlan = SolveW4a16Plan(kMTiles, kForm);
-  static constexpr int kMaxThreads = kPlan.max_warps * 32;
   static constexpr int kCtasPerSm = kPlan.ctas_per_sm;
+  static constexpr bool kProducerWarpgroup = HasProducerWarpgroup(kMTiles, kForm);  // narrow's producer is in max_warps
+  static constexpr int kMaxThreads = kPlan.max_warps * 32 + (kProducerWarpgroup ? kProducerWarpgroupThreads : 0);
+  // 384 threads (two computing warpgroups and the producer's) leave 168 registers a thread at launch: the producer
+  // warpgroup gives 128 of them back and the computing ones take them.
+  static constexpr bool kShiftRegisters = kProducerWarpgroup && kMaxThreads == 384;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kComputeThreads = kMaxThreads - kProducerWarpgroupThreads;
+  static constexpr int kComputeRegisters = (budget::LaunchRegisters(kMaxThreads, kCtasPerSm) * kMaxThreads -
+                                            kProducerRegisters * kProducerWarpgroupThreads) / kComputeThreads / 8 * 8;
   static constexpr int kBlockM = kPlan.block_m;   // tokens per CTA
   static constexpr int kTilesPerWarp = kPlan.tiles_per_warp;
   static constexpr int kWarpRows = kTilesPerWarp * kAtomRows;
@@ -181,6 +202,8 @@ struct Config {
   static_assert(!kNarrow || kMTiles <= kMaxMmaSyncMTiles, "narrow CTAs run the mma.sync tiles");
   static_assert(HasForm(kMTiles, kForm), "an instance the planner can pick");
   static_assert(kPlan.fits(), "shared memory budget: the ring needs kMinStages with kCtasPerSm CTAs per SM");
+  static_assert(!kShiftRegisters || (kCtasPerSm == 1 && kComputeRegisters == 232),
+                "setmaxnreg stays inside the CTA's launch pool: 12 x 168 = 4 x 40 + 8 x 232 registers a lane");
   static_assert(kStageScaleBytes == kStageZerosOffset + kStageGroups * kBlockRows * kZeroBytes);
   static_assert(kStageWeightBytes == kBlockRows / kAtomRows * kRowBlockBytes);
   static_assert(kStageXBytes == kStageAtoms * kAtomXBytes);
@@ -410,6 +433,10 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   const int row_warp = kNarrow ? 0 : warp;
   const int k_lane = kNarrow ? warp : 0;
   const int k_lanes = kNarrow ? launched_warps - 1 : 1;
+  constexpr bool kProducerWarp = kNarrow || Cfg::kProducerWarpgroup;  // warp compute_warps only produces
+  const int compute_warps =
+      launched_warps - (Cfg::kProducerWarpgroup ? kProducerWarpgroupThreads / 32 : kNarrow ? 1 : 0);
+
   const int block_rows = p.warps * Cfg::kWarpRows;
   const int tile = blockIdx.x / p.splits;
   const int split = blockIdx.x % p.splits;
@@ -441,7 +468,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   auto full_barrier = [&](int slot) { return full_barriers + slot * static_cast<uint32_t>(budget::kMbarrierBytes); };
   auto empty_barrier = [&](int slot) { return empty_barriers + slot * static_cast<uint32_t>(budget::kMbarrierBytes); };
 
-  // ---- main ring: one producer thread, lane 0 of the last warp (wide: an idle warp when the plan has one;
+  // ---- main ring: one producer thread, lane 0 of the last warp (with a producer warpgroup, of its first warp;
   // narrow: the producer warp). Per stage three or four TMA boxes: the weights of every row-owning warp's
   // tiles for the stage's atoms (row blocks n0 / 16 .., contiguous, in the order warp x tiles + t,
   // L2::evict_first: read exactly once), the X tile (rows past M arrive as zeros, so their MMA columns stay
@@ -477,7 +504,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
     for (int s = 0; s < kStages; ++s) {
       tma::MbarInit(full_barrier(s), 1);                // the producer's arrive.expect_tx, then the bytes
       // an arrival per warp that reads it (narrow: per run)
-      tma::MbarInit(empty_barrier(s), kNarrow ? Cfg::kStageAtoms / kLaneAtoms : launched_warps);
+      tma::MbarInit(empty_barrier(s), kNarrow ? Cfg::kStageAtoms / kLaneAtoms : compute_warps);
     }
     if (cluster_split && split == 0) tma::MbarInit(cluster_barrier, 1);
     tma::FenceMbarInit();
@@ -491,7 +518,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   }
   __syncthreads();  // the barriers are initialized
   if (cluster_split) ptx::ClusterArriveRelease();
-  if (!kNarrow && producer) {
+  if (!kProducerWarp && producer) {
     for (int i = 0; i < kStages - 1 && i < num_atoms; ++i) issue_stage(i * Cfg::kStageAtoms, i);
   }
 
@@ -516,19 +543,21 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   // token rows 0..7 at 16-byte chunk 4h + q of the swizzled row (token tile mt: 8 rows, 1 KB, further).
   const uint32_t x_lane_offset[2] = {SwizzledX(0, lane % 8, lane / 8), SwizzledX(0, lane % 8, 4 + lane / 8)};
 
-  // Wide: atom i is computed while the TMA boxes of the next kStages - 1 are in flight; before computing
-  // atom i the producer refills the slot of atom i - 1 once every warp has released it (its empty barrier).
-  // Narrow: the producer warp fills stage s into slot s % kStages once the k-lanes of stage s - kStages have
-  // released it; the atoms come in runs of kLaneAtoms, and k-lane l computes runs l, l + k_lanes, ...
+  // Wide and whole-SM with an inline producer lane: atom i is computed while the TMA boxes of the next kStages - 1
+  // are in flight; before computing atom i the producer refills the slot of atom i - 1 once every warp has released
+  // it (its empty barrier). A producer warp (narrow, or the producer warpgroup's first) fills stage s into slot
+  // s % kStages once the computing warps (narrow: the k-lanes) of stage s - kStages have released it. Narrow: the
+  // atoms come in runs of kLaneAtoms, and k-lane l computes runs l, l + k_lanes, ...
   const int num_stages = (num_atoms + Cfg::kStageAtoms - 1) / Cfg::kStageAtoms;
   // Launched in k_phases phases (NarrowKPhases), the CTA starts K at its phase's stage and wraps: the loop's stage s
   // holds atoms atom_begin + (4 s + (tile mod k_phases) x phase_atoms) mod num_atoms. The k-lanes need not know: a
   // rotation by whole stages moves no group or promotion boundary within a stage, and weights, X and scales come in
   // the same stage. (The rotation computed by every thread, with a division by k_phases, cost unphased narrow launches
   // 1-5% at one token whether or not the k-lanes rotated their atom indices too, session 39: the launcher computes
-  // phase_atoms, and only the producer lane the offsets.)
-  if (kNarrow && warp == k_lanes) {
-    if (lane == 0) {
+  // phase_atoms, and only the producer lane the offsets.) Wide and whole-SM launches have one phase.
+  if (kProducerWarp && warp >= compute_warps) {
+    if constexpr (Cfg::kShiftRegisters) ptx::SetMaxRegistersDec<Cfg::kProducerRegisters>();
+    if (warp == compute_warps && lane == 0) {
       int stage_offset = (tile & (p.k_phases - 1)) * p.phase_atoms;
       for (int stage = 0; stage < num_stages; ++stage) {
         if (stage >= kStages) tma::MbarWait(empty_barrier(stage % kStages), (stage / kStages - 1) & 1);
@@ -536,9 +565,11 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
         stage_offset = stage_offset + Cfg::kStageAtoms == num_atoms ? 0 : stage_offset + Cfg::kStageAtoms;
       }
     }
+    if constexpr (!kNarrow) return;  // wide / whole: the producer warpgroup has nothing else to do
   }
+  if constexpr (Cfg::kShiftRegisters) ptx::SetMaxRegistersInc<Cfg::kComputeRegisters>();
   if (cluster_split) ptx::ClusterWaitAcquire();  // rank 0's cluster-sum barrier is initialized
-  const int first_atom = kNarrow && warp == k_lanes ? num_atoms : k_lane * kLaneAtoms;
+  const int first_atom = kProducerWarp && warp >= compute_warps ? num_atoms : k_lane * kLaneAtoms;
   auto next_atom = [&](int i) {
     return !kNarrow || (static_cast<unsigned>(i) + 1) % kLaneAtoms != 0 ? i + 1 : i + 1 + (k_lanes - 1) * kLaneAtoms;
   };
@@ -558,7 +589,7 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
       atom_slot = stage % kStages;
       if (run_starts) tma::MbarWait(full_barrier(atom_slot), (stage / kStages) & 1);  // it landed
     } else {
-      if (producer && i + kStages - 1 < num_atoms) {
+      if (!kProducerWarp && producer && i + kStages - 1 < num_atoms) {
         const int refill = i + kStages - 1;  // its slot last held atom refill - kStages = i - 1
         if (i > 0) tma::MbarWait(empty_barrier(refill % kStages), (refill / kStages - 1) & 1);
         issue_stage(refill * Cfg::kStageAtoms, refill % kStages);

@@ -563,9 +563,22 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   return whole_fits ? whole : plan;
 }
 
-// Threads of a launch: whole warpgroups of its row warps; narrow, its k-lanes and the producer warp.
+// One-CTA-per-SM wide and whole-SM CTAs launch a warpgroup past their computing ones whose first warp only produces
+// (w4a16_gemm.cu, Pipelines); the others keep the producer lane in their last computing warp: two-CTA-per-SM wide
+// CTAs, whose computing warps a producer warpgroup would leave fewer registers than they use, and kWhole at the
+// 16-token tile, whose fp16 instance needs 254 registers a thread, more than the 232 that setmaxnreg gives.
+inline constexpr int kProducerWarpgroupThreads = 128;
+constexpr bool HasProducerWarpgroup(int m_tiles, W4a16Form form) {
+  if (IsNarrow(form)) return false;
+  if (form == W4a16Form::kWide) return CtasPerSm(m_tiles) == 1;
+  return !(form == W4a16Form::kWhole && m_tiles == 2);
+}
+
+// Threads of a launch: whole warpgroups of its row warps (and the producer warpgroup); narrow, its k-lanes and the
+// producer warp.
 constexpr int W4a16LaunchThreads(const W4a16Launch& plan) {
-  return IsNarrow(plan.form) ? (plan.k_lanes + 1) * 32 : W4a16Threads(plan.warps);
+  if (IsNarrow(plan.form)) return (plan.k_lanes + 1) * 32;
+  return W4a16Threads(plan.warps) + (HasProducerWarpgroup(plan.m_tiles, plan.form) ? kProducerWarpgroupThreads : 0);
 }
 
 // Split-K arrival counters (common/arrival_counters.h, not workspace): one per token block, column tile and row warp

@@ -513,15 +513,6 @@ __device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* flag) {
   return value;
 }
 
-template <int kRegisters>
-__device__ __forceinline__ void SetMaxRegistersDec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
-}
-template <int kRegisters>
-__device__ __forceinline__ void SetMaxRegistersInc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
-}
-
 __device__ __forceinline__ void StMatrixX2Trans(uint32_t addr, uint32_t r0, uint32_t r1) {
   asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};" ::"r"(addr), "r"(r0), "r"(r1)
                : "memory");
@@ -1493,7 +1484,7 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
   if constexpr (C::kCluster > 1) ptx::ClusterSync();  // the peer's barriers exist before any multicast or arrive
 
   if (warp < 4) {
-    SetMaxRegistersDec<kProducerRegisters>();
+    ptx::SetMaxRegistersDec<kProducerRegisters>();
     if (warp == 0) {
       if (lane == 0) {
         TmaPrefetch(tm_w);
@@ -1511,7 +1502,7 @@ __global__ void __launch_bounds__(kThreads, Config<kShapeIndex>::kCtasPerSm)
       ConvertLowRank<C, OutT>(p, smem, bar, threadIdx.x - 64, lane);
     }
   } else {
-    SetMaxRegistersInc<C::kConsumerRegisters>();
+    ptx::SetMaxRegistersInc<C::kConsumerRegisters>();
     Consume<C, OutT, kFp8Act>(tm_y, p, smem, bar, cta_rank, warp / 4 - 1, threadIdx.x % 128);
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
