@@ -707,7 +707,6 @@ def test_w4a16_one_cta_per_sm_launches_a_producer_warpgroup():
     instance needs more registers than setmaxnreg leaves) launch their row warps' warpgroups and one more, whose
     first warp only issues the loads; two wide CTAs an SM (8 and 16 tokens) and narrow CTAs do not."""
     plan = functools.partial(budget.w4a16_launch, group_size=128, act_order=False, num_sms=132)
-    producer_threads = {"wide": 128, "whole": 128, "whole7": 128}
     seen = set()
     for m in (1, 8, 16, 32, 64):
         for n, k in ((28672, 8192), (8192, 8192), (8192, 28672), (16384, 12288), (16384, 16384), (2048, 2048)):
@@ -718,11 +717,12 @@ def test_w4a16_one_cta_per_sm_launches_a_producer_warpgroup():
                 continue
             one_cta_per_sm = budget.w4a16_plan(p.m_tiles, form=p.form).ctas_per_sm == 1
             producer = one_cta_per_sm and not (p.form == "whole" and p.m_tiles == 2)
-            assert p.threads == warpgroups + (producer_threads[p.form] if producer else 0), (m, n, k, p)
+            assert p.threads == warpgroups + (128 if producer else 0), (m, n, k, p)
             seen.add((p.form, p.m_tiles, producer))
     assert {("wide", 4, True), ("wide", 8, True), ("wide", 2, False), ("whole", 1, True), ("whole", 2, False),
             ("whole", 4, True), ("whole7", 2, True)} <= seen
-    assert plan(32, 28672, 8192).threads == 384 and plan(16, 28672, 8192).threads == 384  # 2 warpgroups + the producer's
+    # two computing warpgroups and the producer's
+    assert plan(32, 28672, 8192).threads == 384 and plan(16, 28672, 8192).threads == 384
 
 
 def test_w4a16_workspace_follows_the_launch_plan():

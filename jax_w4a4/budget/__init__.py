@@ -279,10 +279,11 @@ class W4a16Launch:
     """The launch plan of one w4a16 GEMM (PlanW4a16Launch): ``m_blocks`` x ``n_tiles`` x ``splits`` CTAs of
     ``threads`` threads, of plan ``form`` (``w4a16_plan(m_tiles, form=form)``); wide and whole-SM CTAs ("whole",
     "whole7") own ``warps`` warps' rows (launched as whole warpgroups; where one CTA holds an SM, except "whole" at
-    16 tokens, one more warpgroup whose first warp issues the CTA's loads), narrow and narrow32 ones one warp's rows shared by ``k_lanes`` warps, each
-    computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole-SM: 1); an unsplit narrow launch from 8 tokens
-    that fills the SMs starts its CTAs' K loops at ``k_phases`` evenly spaced stages (by column tile, wrapping
-    around), so that they do not all read the same activations from L2 at once (else 1). ``splits`` cuts K: wide and
+    16 tokens, one more warpgroup whose first warp issues the CTA's loads), narrow and narrow32 ones one warp's rows
+    shared by ``k_lanes`` warps, each computing runs of ``lane_atoms`` 64-wide atoms of K (wide, whole-SM: 1); an
+    unsplit narrow launch from 8 tokens that fills the SMs starts its CTAs' K loops at ``k_phases`` evenly spaced
+    stages (by column tile, wrapping around), so that they do not all read the same activations from L2 at once (else
+    1). ``splits`` cuts K: wide and
     whole-SM through workspace partials that, for each row warp, the last of its splits to arrive sums
     (``arrival_counters`` of the library's pool: one per token block, column tile and row warp of the form); narrow,
     as one cluster of ``splits`` CTAs whose accumulators rank 0 adds from its shared memory (no workspace, no counters)."""
