@@ -475,6 +475,8 @@ __global__ void __launch_bounds__(Config<kMTiles, kForm>::kMaxThreads, Config<kM
   // finite; narrow: the stage's atoms in one 3-D box of M token rows each), and the scales (and zero points)
   // of the stage's groups for the CTA's rows (a 128-wide group's are loaded by both of its atoms in the wide
   // ring: L2 hits).
+  // Lane 0 of the last warp: the inline producer, and in every form the thread that prefetches the tensor maps
+  // (with a producer warpgroup its last warp, which then exits: the maps are the CTA's, whichever thread warms them).
   const bool producer = tid == (launched_warps - 1) * 32;
   const uint64_t evict_first = ptx::L2EvictFirstPolicy();
   auto issue_stage = [&](int stage_offset, int slot) {  // the stage of atoms atom_begin + stage_offset ..
