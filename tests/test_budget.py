@@ -811,9 +811,14 @@ def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
     assert "not served" in capsys.readouterr().out
     budget.main(["--num-sms", "132", "act_quant", "4096", "4096"])
     assert "512 CTAs (64 row blocks x 8 K split(s))" in capsys.readouterr().out
+    budget.main(["w4a16", "16", "8192", "4096", "--num-sms", "66"])  # after the subcommand too
+    assert "on 66 SMs" in capsys.readouterr().out
+    budget.main(["act_quant", "4096", "4096", "--num-sms", "66"])
+    assert "on 66 SMs" in capsys.readouterr().out
     for argv, message in ((["act_quant", "4096", "100"], "K must be a multiple of 64"),
                           (["act_quant", "4096", "4096", "--rank", "17"], "rank (the low-rank rank r)"),
-                          (["--num-sms", "0", "w4a16", "1", "4096", "4096"], "--num-sms must be at least 1")):
+                          (["--num-sms", "0", "w4a16", "1", "4096", "4096"], "--num-sms must be at least 1"),
+                          (["w4a16", "1", "4096", "4096", "--num-sms", "-2"], "--num-sms must be at least 1")):
         with pytest.raises(SystemExit):
             budget.main(argv)
         assert message in capsys.readouterr().err

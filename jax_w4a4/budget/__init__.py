@@ -425,20 +425,24 @@ def main(argv: list[str] | None = None) -> None:
 
     from jax_w4a4.ops import _library
 
-    parser = argparse.ArgumentParser(prog="python -m jax_w4a4.budget", description=main.__doc__)
-    parser.add_argument("--num-sms", type=int, default=None, help="SMs to plan for (default: the GPU's, else 132)")
+    # --num-sms before or after the subcommand; SUPPRESS keeps a subcommand without it from resetting the other's.
+    sms = argparse.ArgumentParser(add_help=False)
+    sms.add_argument("--num-sms", type=int, default=argparse.SUPPRESS,
+                     help="SMs to plan for (default: the GPU's, else 132)")
+    parser = argparse.ArgumentParser(prog="python -m jax_w4a4.budget", description=main.__doc__, parents=[sms])
     ops = parser.add_subparsers(dest="op")
-    w4a16 = ops.add_parser("w4a16", help="the launch plan of one w4a16 GEMM call")
+    w4a16 = ops.add_parser("w4a16", parents=[sms], help="the launch plan of one w4a16 GEMM call")
     for name in ("m", "n", "k"):
         w4a16.add_argument(name, type=int)
     w4a16.add_argument("--group-size", type=int, default=128, help="32, 64, 128 or K (default 128)")
     w4a16.add_argument("--act-order", action="store_true")
-    act = ops.add_parser("act_quant", help="the launch plan of one act_quant call")
+    act = ops.add_parser("act_quant", parents=[sms], help="the launch plan of one act_quant call")
     act.add_argument("rows", type=int)
     act.add_argument("k", type=int)
     act.add_argument("--rank", type=int, default=32)
     args = parser.parse_args(argv)
-    num_sms = _library.cuda_sm_count() if args.num_sms is None else args.num_sms
+    num_sms = getattr(args, "num_sms", None)
+    num_sms = _library.cuda_sm_count() if num_sms is None else num_sms
     if num_sms < 1:
         parser.error(f"--num-sms must be at least 1, got {num_sms}")
     try:
