@@ -6,9 +6,9 @@ drifting clock or a neighbour on the machine then touches every build alike), an
 range over the rounds, per build, with the ratio of its median to the first build's. Timing is the benchmarks':
 w4a16_gemm as bench_w4a16 (bf16 activations, symmetric g128 weights rotated through sets larger than L2),
 act_quant as bench_act_quant (bf16 X, input copies larger than L2), chains of calls timed by the device clock.
-The planner that sizes workspaces is this checkout's (libjax_w4a4_budget.so under build/), and each build's
-handlers check the workspace against their own plans: a build whose plans need more workspace fails with
-INVALID_ARGUMENT and needs its own checkout.
+Each build's handlers check the workspaces against their own plans, so the ops size them with the planner library
+beside the build (libjax_w4a4_budget.so, as CMake puts it beside libjax_w4a4.so; jax_w4a4.budget.library_path),
+else with this checkout's: a build with a different planner carries its own.
 
   python -m benchmarks.compare_builds --build head=build/libjax_w4a4.so --build new=/tmp/new/libjax_w4a4.so \\
       --shapes 28672x8192,8192x8192 --tokens 1,16 --rounds 2

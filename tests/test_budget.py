@@ -634,9 +634,9 @@ def test_w4a16_wide_plan_counts_idle_warps_and_the_reduction():
         (1, 16384, 3072): (4, 64, 4),    # was 6 (8) x 43 x 6; 8 x 32 x 8 at 40 %: 12.8-13.0 -> 11.7 us
         (1, 11008, 11008): (4, 43, 6),   # was 6 (8) x 29 x 9; 7 (8) x 25 x 10 at 40 %: 24.3-24.4 -> 22.8-22.9 us
     }
-    # An idle warp still wins a tie on CTAs: 16 x 28672 x 4096 takes 256 CTAs of 7 warps, as 28672 x 8192 did
+    # An idle warp still wins a tie on CTAs: 8 x 28672 x 4096 takes 256 CTAs of 7 warps, as 28672 x 8192 did
     # before whole-SM CTAs (224 of 8 took 37.4-37.7 -> 38.4-39.0 us at one token).
-    assert grid(16, 28672, 4096) == (7, 64, 4)
+    assert grid(8, 28672, 4096) == (7, 64, 4)
 
 
 def test_w4a16_whole_sm_ctas_take_long_splits_at_one_token_tile():
@@ -682,9 +682,11 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_the_32_token_tile():
 def test_w4a16_whole_sm_ctas_take_long_splits_at_the_16_token_tile():
     """9-16 tokens: the same rule picks one CTA per SM of 8 warps, with 8 m16 tiles each or 7 ("whole7"), instead of
     a wide pair with 4 tiles a warp (session 30: 16 x 28672 x 8192 46.5 -> 44.2 us); more than 8 splits (8192 x
-    28672 in 13 lost, 46.6 -> 50.1 us; it now runs narrow CTAs) and short splits stay wide. 896-row CTAs are 8
-    warps of 7 tiles, not 7 of 8 with a launched warp without rows (session 31: 43.6-43.9 -> 41.7-41.9 us); where
-    both forms give as many CTAs, the one with the fewer tiles x atoms a warp."""
+    28672 in 13 lost, 46.6 -> 50.1 us; it now runs narrow CTAs) and short splits stay wide: under 32 atoms, or
+    under 16 for "whole7" CTAs, which have a producer warpgroup (session 52: 16 x 27648 x 5120 in splits of 20 atoms
+    30.9-31.1 -> 28.4-28.6 us; "whole" in splits of 16 atoms and the one-token tile lost). 896-row CTAs are 8 warps of 7 tiles, not 7 of 8 with a launched warp without
+    rows (session 31: 43.6-43.9 -> 41.7-41.9 us); where both forms give as many CTAs, the one with the fewer tiles x
+    atoms a warp."""
     def launch(m, n, k):
         p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
         return p.form, p.warps, p.n_tiles, p.splits
@@ -695,8 +697,13 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_the_16_token_tile():
     assert launch(16, 28640, 8192) == ("whole7", 8, 32, 4)  # the last warp: 5 valid tiles (N % 896 == 864)
     assert launch(16, 16384, 16384) == ("whole", 8, 16, 8)  # 128 CTAs; "whole7": 114 or 133
     assert launch(16, 18432, 14336) == ("whole", 8, 18, 7)  # 126 CTAs either way: 8 x 32 tile-atoms a warp, not 7 x 38
-    for n, k in ((11008, 28672), (16384, 12288), (9216, 12288), (28672, 4096)):
-        assert launch(16, n, k)[0] == "wide"
+    assert launch(16, 27648, 5120) == launch(9, 27648, 5120) == ("whole7", 8, 31, 4)  # splits of 20 atoms
+    assert launch(16, 28672, 4096) == ("whole7", 8, 32, 4)  # splits of 16 atoms
+    assert launch(16, 57344, 3584) == ("whole7", 8, 64, 2)  # splits of 28 atoms
+    assert launch(16, 16384, 12288)[0] == launch(16, 16384, 8192)[0] == "wide"  # "whole": no producer warpgroup
+    assert launch(8, 28672, 4096)[0] == "wide"  # one token tile: 32 atoms
+    for n, k in ((11008, 28672), (9216, 12288), (14336, 4096), (22016, 4096), (18944, 3584)):
+        assert launch(16, n, k)[0] == "wide"  # more than 8 splits, or splits of 8-11 atoms
     assert launch(16, 8192, 28672)[0] == launch(16, 8192, 12288)[0] == "narrow"  # one wave of 64-row CTAs
     assert launch(16, 128256, 4096) == ("whole", 8, 126, 1)  # one wave (not 144 CTAs of 7 warps)
     assert launch(16, 151936, 4096)[0] == "wide"  # 149 row tiles of 1024 rows: more than one wave
@@ -709,7 +716,8 @@ def test_w4a16_one_cta_per_sm_launches_a_producer_warpgroup():
     plan = functools.partial(budget.w4a16_launch, group_size=128, act_order=False, num_sms=132)
     seen = set()
     for m in (1, 8, 16, 32, 64):
-        for n, k in ((28672, 8192), (8192, 8192), (8192, 28672), (16384, 12288), (16384, 16384), (2048, 2048)):
+        for n, k in ((28672, 8192), (8192, 8192), (8192, 28672), (16384, 12288), (16384, 16384), (14336, 4096),
+                     (2048, 2048)):
             p = plan(m, n, k)
             warpgroups = 128 * -(-p.warps // 4)
             if p.form in ("narrow", "narrow32"):
@@ -824,6 +832,20 @@ def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
         assert message in capsys.readouterr().err
     budget.main([])
     assert capsys.readouterr().out == budget.table()
+
+
+def test_planner_library_follows_the_cuda_library_override(tmp_path, monkeypatch):
+    """With $JAX_W4A4_LIBRARY naming a build that has a planner library beside it, that planner sizes the workspaces
+    (the build's handlers check them against its own plans); with none beside it, the default search."""
+    monkeypatch.delenv("JAX_W4A4_LIBRARY", raising=False)
+    default = budget.library_path()
+    build = tmp_path / "libjax_w4a4.so"
+    build.write_bytes(b"")
+    monkeypatch.setenv("JAX_W4A4_LIBRARY", str(build))
+    assert budget.library_path() == default
+    beside = tmp_path / budget.LIBRARY_NAME
+    beside.write_bytes(b"")
+    assert budget.library_path() == beside
 
 
 def test_cli_runs_as_a_module_without_warnings():

@@ -9,6 +9,9 @@ static_assert; ``libjax_w4a4_budget.so`` (host-only, built on every machine) exp
 table printed is the one compiled. One row per object in shared memory: bytes per buffer, stages,
 per-CTA footprint (replicated under TMA multicast), bytes this CTA issues (split under multicast), and
 the bytes a stage's full barrier expects (always the whole tile).
+
+With ``$JAX_W4A4_LIBRARY`` naming a build that has its planner library beside it, that planner is the one
+used (``library_path``), so the workspaces the ops size are the ones that build's handlers expect.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import ctypes
 import dataclasses
 import enum
 import functools
+import os
+from pathlib import Path
 
-from jax_w4a4.ops._library import find_shared_library
+from jax_w4a4.ops._library import ENV_LIBRARY, find_shared_library
 
 LIBRARY_NAME = "libjax_w4a4_budget.so"
 
@@ -75,9 +80,20 @@ _HEADER_FIELDS = 8
 _MAX_OBJECTS = 32
 
 
+def library_path() -> Path | None:
+    """Where the planner library is: beside the CUDA library that ``$JAX_W4A4_LIBRARY`` names when one is there (a
+    build's handlers check the workspaces against their own plans), else next to the package, else ``build/``."""
+    forced = os.environ.get(ENV_LIBRARY)
+    if forced:
+        beside = Path(forced).with_name(LIBRARY_NAME)
+        if beside.is_file():
+            return beside
+    return find_shared_library(LIBRARY_NAME)
+
+
 @functools.cache
 def _load() -> ctypes.CDLL:
-    path = find_shared_library(LIBRARY_NAME)
+    path = library_path()
     if path is None:
         raise RuntimeError(f"{LIBRARY_NAME} is not built: install the package (pip install .) or run CMake")
     lib = ctypes.cdll.LoadLibrary(str(path))

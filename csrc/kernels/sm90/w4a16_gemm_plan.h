@@ -287,6 +287,32 @@ inline constexpr int64_t kWholeMinAtomsPerSplit = 32;
 inline constexpr int kWholeIdleSmsDivisor = 16;
 inline constexpr int64_t kWholeMaxSplits = 8;  // past one token tile
 
+// One-CTA-per-SM wide and whole-SM CTAs launch a warpgroup past their computing ones whose first warp only produces
+// (w4a16_gemm.cu, Pipelines); the others keep the producer lane in their last computing warp: two-CTA-per-SM wide
+// CTAs, whose computing warps a producer warpgroup would leave fewer registers than they use, and kWhole at the
+// 16-token tile, whose fp16 instance needs 254 registers a thread, more than the 232 that setmaxnreg gives.
+inline constexpr int kProducerWarpgroupThreads = 128;
+constexpr bool HasProducerWarpgroup(int m_tiles, W4a16Form form) {
+  if (IsNarrow(form)) return false;
+  if (form == W4a16Form::kWide) return CtasPerSm(m_tiles) == 1;
+  return !(form == W4a16Form::kWhole && m_tiles == 2);
+}
+
+// Since the producer warpgroup (session 51), whole7 CTAs at the 16-token tile beat a wide pair from 16 atoms a
+// split (session 52, us at 9 / 16 tokens, wide -> whole7: 57344 x 3584 (2 splits of 28 atoms) 39.4-39.5 / 40.3-40.4
+// -> 34.2-34.3 / 35.9-36.1, 14336 x 14336 (8 of 28) 38.8-39.0 / 39.8 -> 35.7-36.0 / 37.0, 27648 x 5120 (4 of 20)
+// 30.1-30.2 / 30.9-31.1 -> 27.4 / 28.4-28.6, 28672 x 4096 (4 of 16) 25.1-25.2 / 25.8-25.9 -> 24.1 / 25.0-25.1,
+// 14336 x 8192 (8 of 16) 26.2 / 26.6-26.9 -> 25.9-26.0 / 26.7-26.9; with 8-11 atoms they lost 1.6-7.5%: 14336 x 4096,
+// 18944 x 3584, 22016 x 4096). Not so kWhole, which keeps its producer lane at that tile (16384 x 8192 in 8 splits of
+// 16 atoms: 28.3-28.5 -> 29.6 us at 16 tokens), nor the one-token tile (16 atoms: 28672 x 4096, 14336 x 8192,
+// 12288 x 12288 lost 1.5-3.5% at 1 and 8 tokens). Against narrow CTAs the rule stays kWholeMinAtomsPerSplit (not
+// measured with shorter splits).
+inline constexpr int64_t kWholeProducerMinAtomsPerSplit = 16;
+constexpr int64_t WholeOverWideMinAtomsPerSplit(int m_tiles, W4a16Form form) {
+  const bool producer_warpgroup_at_16_tokens = m_tiles == 2 && HasProducerWarpgroup(m_tiles, form);
+  return producer_warpgroup_at_16_tokens ? kWholeProducerMinAtomsPerSplit : kWholeMinAtomsPerSplit;
+}
+
 struct W4a16Problem {
   int64_t m, n, k, group_size;  // group_size == k: per channel
   bool act_order;               // g_idx given: X's columns are gathered into the workspace first
@@ -493,11 +519,11 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   plan.k_lanes = 1;
   plan.lane_atoms = 1;
   plan.k_phases = 1;
-  // Whole-SM CTAs (HasForm, kWholeMinAtomsPerSplit, kWholeMaxSplits): of the token tile's whole forms and
-  // WholeMinWarps..WholeMaxWarps row warps, the most CTAs up to one per SM (one wave: a second wave of a few CTAs
-  // would cost as long as the first); ties go to more row warps (a launched warp without rows runs a row warp's
-  // MMAs), then to the least MMA work on an SM's busiest scheduler (its launched warps x their m16 tiles x the
-  // split's atoms).
+  // Whole-SM CTAs (HasForm, kWholeMinAtomsPerSplit, WholeOverWideMinAtomsPerSplit, kWholeMaxSplits): of the token
+  // tile's whole forms and WholeMinWarps..WholeMaxWarps row warps, the most CTAs up to one per SM (one wave: a second
+  // wave of a few CTAs would cost as long as the first); ties go to more row warps (a launched warp without rows runs
+  // a row warp's MMAs), then to the least MMA work on an SM's busiest scheduler (its launched warps x their m16 tiles
+  // x the split's atoms).
   W4a16Launch whole = plan;
   int64_t whole_ctas = 0;
   int64_t whole_work = 0;
@@ -520,9 +546,12 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       }
     }
   }
-  const bool whole_fits = whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
-                          CeilDiv(atoms, whole.splits) >= kWholeMinAtomsPerSplit &&
-                          (plan.m_tiles == 1 || whole.splits <= kWholeMaxSplits);
+  const bool whole_one_wave = whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
+                              (plan.m_tiles == 1 || whole.splits <= kWholeMaxSplits);
+  const int64_t whole_split_atoms = CeilDiv(atoms, whole.splits);
+  const bool whole_fits = whole_one_wave && whole_split_atoms >= kWholeMinAtomsPerSplit;  // over narrow CTAs
+  const bool whole_over_wide =
+      whole_one_wave && whole_split_atoms >= WholeOverWideMinAtomsPerSplit(plan.m_tiles, whole.form);
   if (mma_sync) {
     // A narrow launch of `form`: one row tile per cluster of `splits` CTAs (NarrowClusterSize), each CTA
     // with 1 / splits of K, k-lanes in runs of lane_atoms.
@@ -560,18 +589,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       return narrow64;
     }
   }
-  return whole_fits ? whole : plan;
-}
-
-// One-CTA-per-SM wide and whole-SM CTAs launch a warpgroup past their computing ones whose first warp only produces
-// (w4a16_gemm.cu, Pipelines); the others keep the producer lane in their last computing warp: two-CTA-per-SM wide
-// CTAs, whose computing warps a producer warpgroup would leave fewer registers than they use, and kWhole at the
-// 16-token tile, whose fp16 instance needs 254 registers a thread, more than the 232 that setmaxnreg gives.
-inline constexpr int kProducerWarpgroupThreads = 128;
-constexpr bool HasProducerWarpgroup(int m_tiles, W4a16Form form) {
-  if (IsNarrow(form)) return false;
-  if (form == W4a16Form::kWide) return CtasPerSm(m_tiles) == 1;
-  return !(form == W4a16Form::kWhole && m_tiles == 2);
+  return whole_over_wide ? whole : plan;
 }
 
 // Threads of a launch: whole warpgroups of its row warps (and the producer warpgroup); narrow, its k-lanes and the
