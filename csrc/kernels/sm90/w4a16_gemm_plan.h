@@ -305,10 +305,11 @@ constexpr bool HasProducerWarpgroup(int m_tiles, W4a16Form form) {
 // 14336 x 8192 (8 of 16) 26.2 / 26.6-26.9 -> 25.9-26.0 / 26.7-26.9; with 8-11 atoms they lost 1.6-7.5%: 14336 x 4096,
 // 18944 x 3584, 22016 x 4096). Not so kWhole, which keeps its producer lane at that tile (16384 x 8192 in 8 splits of
 // 16 atoms: 28.3-28.5 -> 29.6 us at 16 tokens), nor the one-token tile (16 atoms: 28672 x 4096, 14336 x 8192,
-// 12288 x 12288 lost 1.5-3.5% at 1 and 8 tokens). Against narrow CTAs the rule stays kWholeMinAtomsPerSplit (not
-// measured with shorter splits).
+// 12288 x 12288 lost 1.5-3.5% at 1 and 8 tokens). (No narrow plan competes with these: at 9-16 tokens a narrow
+// launch has at most num_sms x 64 rows, a whole-SM one, in at most kWholeMaxSplits splits on 15/16 of the SMs, more
+// than num_sms x 100.)
 inline constexpr int64_t kWholeProducerMinAtomsPerSplit = 16;
-constexpr int64_t WholeOverWideMinAtomsPerSplit(int m_tiles, W4a16Form form) {
+constexpr int64_t WholeMinAtomsPerSplit(int m_tiles, W4a16Form form) {
   const bool producer_warpgroup_at_16_tokens = m_tiles == 2 && HasProducerWarpgroup(m_tiles, form);
   return producer_warpgroup_at_16_tokens ? kWholeProducerMinAtomsPerSplit : kWholeMinAtomsPerSplit;
 }
@@ -519,11 +520,11 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
   plan.k_lanes = 1;
   plan.lane_atoms = 1;
   plan.k_phases = 1;
-  // Whole-SM CTAs (HasForm, kWholeMinAtomsPerSplit, WholeOverWideMinAtomsPerSplit, kWholeMaxSplits): of the token
-  // tile's whole forms and WholeMinWarps..WholeMaxWarps row warps, the most CTAs up to one per SM (one wave: a second
-  // wave of a few CTAs would cost as long as the first); ties go to more row warps (a launched warp without rows runs
-  // a row warp's MMAs), then to the least MMA work on an SM's busiest scheduler (its launched warps x their m16 tiles
-  // x the split's atoms).
+  // Whole-SM CTAs (HasForm, WholeMinAtomsPerSplit, kWholeMaxSplits): of the token tile's whole forms and
+  // WholeMinWarps..WholeMaxWarps row warps, the most CTAs up to one per SM (one wave: a second wave of a few CTAs
+  // would cost as long as the first); ties go to more row warps (a launched warp without rows runs a row warp's
+  // MMAs), then to the least MMA work on an SM's busiest scheduler (its launched warps x their m16 tiles x the
+  // split's atoms).
   W4a16Launch whole = plan;
   int64_t whole_ctas = 0;
   int64_t whole_work = 0;
@@ -546,12 +547,9 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       }
     }
   }
-  const bool whole_one_wave = whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
-                              (plan.m_tiles == 1 || whole.splits <= kWholeMaxSplits);
-  const int64_t whole_split_atoms = CeilDiv(atoms, whole.splits);
-  const bool whole_fits = whole_one_wave && whole_split_atoms >= kWholeMinAtomsPerSplit;  // over narrow CTAs
-  const bool whole_over_wide =
-      whole_one_wave && whole_split_atoms >= WholeOverWideMinAtomsPerSplit(plan.m_tiles, whole.form);
+  const bool whole_fits = whole_ctas >= num_sms - num_sms / kWholeIdleSmsDivisor &&
+                          CeilDiv(atoms, whole.splits) >= WholeMinAtomsPerSplit(plan.m_tiles, whole.form) &&
+                          (plan.m_tiles == 1 || whole.splits <= kWholeMaxSplits);
   if (mma_sync) {
     // A narrow launch of `form`: one row tile per cluster of `splits` CTAs (NarrowClusterSize), each CTA
     // with 1 / splits of K, k-lanes in runs of lane_atoms.
@@ -589,7 +587,7 @@ constexpr W4a16Launch PlanW4a16Launch(const W4a16Problem& p, int num_sms) {
       return narrow64;
     }
   }
-  return whole_over_wide ? whole : plan;
+  return whole_fits ? whole : plan;
 }
 
 // Threads of a launch: whole warpgroups of its row warps (and the producer warpgroup); narrow, its k-lanes and the
