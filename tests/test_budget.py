@@ -682,11 +682,11 @@ def test_w4a16_whole_sm_ctas_take_long_splits_at_the_32_token_tile():
 def test_w4a16_whole_sm_ctas_take_long_splits_at_the_16_token_tile():
     """9-16 tokens: the same rule picks one CTA per SM of 8 warps, with 8 m16 tiles each or 7 ("whole7"), instead of
     a wide pair with 4 tiles a warp (session 30: 16 x 28672 x 8192 46.5 -> 44.2 us); more than 8 splits (8192 x
-    28672 in 13 lost, 46.6 -> 50.1 us; it now runs narrow CTAs) and short splits stay wide: under 32 atoms, or
-    under 16 for "whole7" CTAs, which have a producer warpgroup (session 52: 16 x 27648 x 5120 in splits of 20 atoms
-    30.9-31.1 -> 28.4-28.6 us; "whole" in splits of 16 atoms and the one-token tile lost). 896-row CTAs are 8 warps of 7 tiles, not 7 of 8 with a launched warp without
-    rows (session 31: 43.6-43.9 -> 41.7-41.9 us); where both forms give as many CTAs, the one with the fewer tiles x
-    atoms a warp."""
+    28672 in 13 lost, 46.6 -> 50.1 us; it now runs narrow CTAs) and short splits stay wide: under 32 atoms, or under
+    16 for "whole7" CTAs, which have a producer warpgroup (session 52: 16 x 27648 x 5120 in splits of 20 atoms
+    30.9-31.1 -> 28.4-28.6 us; "whole" in splits of 16 atoms and the one-token tile lost). 896-row CTAs are 8 warps
+    of 7 tiles, not 7 of 8 with a launched warp without rows (session 31: 43.6-43.9 -> 41.7-41.9 us); where both
+    forms give as many CTAs, the one with the fewer tiles x atoms a warp."""
     def launch(m, n, k):
         p = budget.w4a16_launch(m, n, k, 128, act_order=False, num_sms=132)
         return p.form, p.warps, p.n_tiles, p.splits

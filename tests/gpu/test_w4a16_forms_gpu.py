@@ -124,11 +124,11 @@ def test_narrow_k_split_clusters(case):
 
 @pytest.mark.parametrize("m", [1, 8, 9, 16, 17, 32])
 def test_whole_sm_ctas(m):
-    """Whole-SM CTAs (splits of >= 32 atoms, whole7 >= 16: one CTA per SM; at one token tile up to 16 row warps of
-    4 m16 tiles, 1024 rows; at the 16-token tile 8 row warps of 8 tiles ("whole") or 7 ("whole7", 896 rows) on
-    mma.sync, at the 32-token tile 7 or 8 of 4 on wgmma): both zero-point modes, bf16 and fp16, act-order, 32-wide groups, and a last
-    warp with one valid pair of m16 tiles (N % 64 == 32) or, in "whole7", an odd number of valid tiles (5 and 1).
-    The decode shapes' 28672 x 8192 runs them too (at 1, 3 and 16 tokens)."""
+    """Whole-SM CTAs (splits of >= 32 atoms, whole7 >= 16: one CTA per SM; at one token tile up to 16 row warps of 4
+    m16 tiles, 1024 rows; at the 16-token tile 8 row warps of 8 tiles ("whole") or 7 ("whole7", 896 rows) on
+    mma.sync, at the 32-token tile 7 or 8 of 4 on wgmma): both zero-point modes, bf16 and fp16, act-order, 32-wide
+    groups, and a last warp with one valid pair of m16 tiles (N % 64 == 32) or, in "whole7", an odd number of valid
+    tiles (5 and 1). The decode shapes' 28672 x 8192 runs them too (at 1, 3 and 16 tokens)."""
     if 8 < m <= 16:
         cases = [
             (28640, 8192, 128, True, FP16, False),  # whole7: the last warp holds 5 valid tiles
