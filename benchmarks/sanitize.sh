@@ -3,8 +3,9 @@
 # splits), w4a16 (narrow CTAs in runs of 1 atom, their K-split clusters, split-K, mma.sync and wgmma token tiles, act-order gather,
 # whole-SM CTAs planned for 8 SMs)
 # and w4a4 (the 8- to 128-token tiles, stream-K, the 2-CTA cluster with a phantom column tile, the expanded
-# weights of long prefills, the fused linear's GEMM launched while act_quant runs). The large shapes stay out:
-# instrumented kernels run 10-100x slower. Run on the GPU machine with build/libjax_w4a4.so built or carried:
+# weights of long prefills on 128- and 256-token tiles, the fused linear's GEMM launched while act_quant runs).
+# The large shapes stay out: instrumented kernels run 10-100x slower. Run on the GPU machine with
+# build/libjax_w4a4.so built or carried:
 #   bash benchmarks/sanitize.sh [tools...]      (default: memcheck; also racecheck, synccheck, initcheck)
 #   SANITIZE_ONLY=regex runs only the groups whose "op:selection" line matches (grep -E), e.g. 'w4a16.*split_k'
 # One process per case group, so a crash ends one group only. XLA's default (pooled) allocator: memcheck then
@@ -44,6 +45,7 @@ CASE_GROUPS=(
   "w4a4_gemm:M64-N128"
   "w4a4_gemm:M150-N3072 or M333-N128"
   "w4a4_gemm:M1100-N1536"
+  "w4a4_gemm:M800-N3072 or M1000-N4096"
   "w4a4_gemm:test_w4a4_linear and (M7- or M16-N128 or M20-N4096 or M200- or few_sms)"
 )
 

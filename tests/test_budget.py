@@ -77,7 +77,7 @@ def test_a_cluster_buys_no_shared_memory(pair):
 @pytest.mark.parametrize(
     "shape",
     [(128, 8, 1, 64), (128, 16, 1, 64), (128, 32, 1, 64), (128, 64, 2, 64), (128, 128, 2, 32),
-     (128, 128, 2, 32, 8, True)],
+     (128, 128, 2, 32, 8, True), (128, 256, 2, 16, 8, True)],
 )
 def test_instantiated_plans_fit_and_are_tight(shape):
     plan = budget.w4a4_plan(*shape)
@@ -101,7 +101,7 @@ def test_main_stages_come_before_low_rank_stages():
 @pytest.mark.parametrize(
     "shape",
     [(128, 8, 1, 64), (128, 16, 1, 64), (128, 32, 1, 64), (128, 64, 1, 64), (128, 128, 2, 32),
-     (128, 128, 2, 32, 8, True), (128, 128, 2, 64)],
+     (128, 128, 2, 32, 8, True), (128, 128, 2, 64), (128, 256, 2, 16, 8, True)],
 )
 def test_a_second_low_rank_stage_is_worth_less_than_two_main_stages(shape):
     """Recomputes both candidate plans from the solved one's bytes: one low-rank stage where it buys two more
@@ -128,7 +128,7 @@ def test_stage_bytes_follow_the_tile():
     assert plan.object("LA chunk (fp32").bytes == 32 * 64 * 4
 
 
-@pytest.mark.parametrize("tile_m,cluster", [(8, 1), (16, 1), (32, 1), (64, 2), (128, 2)])
+@pytest.mark.parametrize("tile_m,cluster", [(8, 1), (16, 1), (32, 1), (64, 2), (128, 2), (256, 2)])
 def test_activation_scales_are_16_byte_records(tile_m, cluster):
     """Each token owns 16 bytes per stage: in decode tiles the stage's two 8-byte promotion records (fp32 scale,
     fp32 offset term), in prefill tiles its 4-byte scale word then zeros, so that the 16 bytes are the K-major B
@@ -151,8 +151,8 @@ def test_decode_workspace_holds_the_promotion_records(m):
 
 def test_table_lists_every_instantiated_plan():
     text = budget.table()
-    assert text.count("w4a4_gemm sm90:") == 6
-    assert text.count("expanded weights") == 1
+    assert text.count("w4a4_gemm sm90:") == 7
+    assert text.count("expanded weights") == 2
     assert "DOES NOT FIT" not in text
 
 
@@ -172,6 +172,50 @@ def test_expanded_weights_are_a_private_swizzled_operand_of_twice_the_bytes():
     assert expanded.main_stage_tx_bytes == prepacked.main_stage_tx_bytes + 128 * 128 // 2
     assert (prepacked.main_stages, prepacked.lora_stages) == (6, 1)
     assert (expanded.main_stages, expanded.lora_stages) == (3, 2)
+
+
+def test_the_256_token_tile_fits_by_staging_its_output_in_halves():
+    """The 256-token tile on expanded weights holds three main stages of 52.5 KB (16 KB of weights, 32 KB of
+    tokens, their scales) in 227 KB because its epilogue stages 128 tokens a store (two TMA stores a tile: 32 KB,
+    not 64) and its low-rank chunks are 16 ranks (LA rows of 32 bytes, the 32-byte swizzle): one low-rank stage of
+    28 KB instead of 57."""
+    plan = budget.w4a4_plan(128, 256, 2, 16, expanded_weights=True)
+    assert (plan.main_stages, plan.lora_stages) == (3, 1)
+    assert plan.main_stage_bytes == 16384 + 512 + 256 * 128 + 256 * 16
+    assert plan.object("output tile staging").bytes == 128 * 128 * 2
+    assert plan.object("LA chunk (16-bit").bytes == 256 * 16 * 2
+    assert plan.object("activations").issued_bytes == 128 * 128  # each CTA of the pair issues 128 token rows
+    assert plan.total_bytes <= plan.smem_limit < plan.total_bytes + plan.main_stage_bytes
+    # With 32-rank chunks and a whole-tile staging buffer the plan would not hold three main stages.
+    staging_and_lora_saved = 128 * 128 * 2 + 256 * 16 * 4 + 256 * 16 * 2 + 16 * 128 * 2
+    assert plan.total_bytes + staging_and_lora_saved > plan.smem_limit
+
+
+def _prefill_rounds(m: int, n: int, tile_m: int, num_sms: int) -> int:
+    cluster_tiles = -(-m // tile_m) * -(-(n // 128) // 2)
+    return -(-cluster_tiles // (num_sms // 2))
+
+
+@pytest.mark.parametrize("num_sms", [132, 114, 8])
+@pytest.mark.parametrize("act_format", ["int4", "uint4", "fp8"])
+def test_long_prefills_take_the_256_token_tile_where_its_rounds_are_no_more_work(num_sms, act_format):
+    """On expanded weights the launch runs the 256-token tile when its rounds of twice the work are no more work
+    than the 128-token tile's rounds (clusters of 2, num_sms / 2 of them at once), else the 128-token tile, which
+    fp8 activations always keep; below the expanded-weights threshold the smallest token tile that holds M."""
+    first = budget.w4a4_expanded_weights_min_tokens()
+    for m in (1, 8, 9, 64, 65, 128, 129, first - 1, first, first + 1, 1000, 1100, 2048, 4096, 8192):
+        for n in (128, 1152, 3072, 8192, 28672):
+            tile = budget.w4a4_launch_tile(m, n, num_sms=num_sms, act_format=act_format)
+            assert tile.expanded_weights == (m >= first)
+            if m < first:
+                assert tile.tile_m == next(t for t in (8, 16, 32, 64, 128) if m <= t or t == 128)
+                continue
+            wide = 2 * _prefill_rounds(m, n, 256, num_sms) <= _prefill_rounds(m, n, 128, num_sms)
+            assert (tile.tile_m, tile.cluster) == ((256 if wide and act_format != "fp8" else 128), 2)
+    assert budget.w4a4_launch_tile(8192, 8192, num_sms=132).tile_m == 256  # 16 rounds against 32
+    assert budget.w4a4_launch_tile(first, 8192, num_sms=132).tile_m == 128  # 2 rounds of 256 against 3 of 128
+    with pytest.raises(ValueError, match="act_format"):
+        budget.w4a4_launch_tile(8192, 8192, num_sms=132, act_format="int8")
 
 
 def test_expanded_weights_serve_long_prefills_from_their_workspace():
@@ -799,8 +843,9 @@ def test_w4a16_splits_come_in_whole_granules():
 
 
 def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
-    """`python -m jax_w4a4.budget w4a16 M N K` / `act_quant ROWS K`: how one call is launched, planned for
-    --num-sms; shapes the kernels do not serve are said so, bad arguments are an error naming the argument."""
+    """`python -m jax_w4a4.budget w4a16 M N K` / `w4a4 M N K` / `act_quant ROWS K`: how one call is launched,
+    planned for --num-sms; shapes the kernels do not serve are said so, bad arguments are an error naming the
+    argument."""
     budget.main(["--num-sms", "132", "w4a16", "1", "8192", "4096"])
     out = capsys.readouterr().out
     assert "narrow plan" in out and "128 CTAs" in out and "8 k-lanes in runs of 1 atom and" in out and "workspace 0 bytes" in out
@@ -819,12 +864,22 @@ def test_cli_describes_one_call_and_rejects_bad_shapes(capsys):
     assert "not served" in capsys.readouterr().out
     budget.main(["--num-sms", "132", "act_quant", "4096", "4096"])
     assert "512 CTAs (64 row blocks x 8 K split(s))" in capsys.readouterr().out
+    budget.main(["--num-sms", "132", "w4a4", "8192", "8192", "8192"])
+    out = capsys.readouterr().out
+    assert "256-token tile, clusters of 2, e4m3 weights expanded into the workspace first" in out
+    assert f"workspace {8192 * 8192} bytes" in out
+    budget.main(["--num-sms", "132", "w4a4", "16", "28672", "8192"])
+    assert "16-token tile, clusters of 1, int4 weights" in capsys.readouterr().out
+    budget.main(["--num-sms", "132", "w4a4", "8192", "8192", "8192", "--act-format", "fp8"])
+    assert "fp8 on 132 SMs: 128-token tile, clusters of 2, e4m3 weights" in capsys.readouterr().out
     budget.main(["w4a16", "16", "8192", "4096", "--num-sms", "66"])  # after the subcommand too
     assert "on 66 SMs" in capsys.readouterr().out
     budget.main(["act_quant", "4096", "4096", "--num-sms", "66"])
     assert "on 66 SMs" in capsys.readouterr().out
     for argv, message in ((["act_quant", "4096", "100"], "K must be a multiple of 64"),
                           (["act_quant", "4096", "4096", "--rank", "17"], "rank (the low-rank rank r)"),
+                          (["w4a4", "16", "100", "4096"], "N must be a multiple of 128"),
+                          (["w4a4", "0", "128", "4096"], "M must be at least 1"),
                           (["--num-sms", "0", "w4a16", "1", "4096", "4096"], "--num-sms must be at least 1"),
                           (["w4a16", "1", "4096", "4096", "--num-sms", "-2"], "--num-sms must be at least 1")):
         with pytest.raises(SystemExit):

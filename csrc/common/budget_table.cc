@@ -261,6 +261,16 @@ __attribute__((visibility("default"))) int64_t JaxW4a4W4A4ExpandedWeightsMinToke
   return jax_w4a4::sm90::kW4A4ExpandedWeightsMinTokens;
 }
 
+// The instance one w4a4_gemm launch planned for num_sms SMs runs (W4A4LaunchShapeIndex): tile_m, cluster,
+// expanded_weights (3 values).
+__attribute__((visibility("default"))) void JaxW4a4W4A4LaunchTile(int64_t m, int64_t n, int num_sms, int fp8,
+                                                                  int64_t* out) {
+  const jax_w4a4::sm90::W4A4Shape& s =
+      jax_w4a4::sm90::kW4A4Shapes[jax_w4a4::sm90::W4A4LaunchShapeIndex(m, n, num_sms, fp8 != 0)];
+  const int64_t values[] = {s.tile_m, s.cluster, s.expanded_weights ? 1 : 0};
+  for (int64_t v : values) *out++ = v;
+}
+
 // Workspace bytes of one w4a4_gemm launch planned for num_sms SMs (expanded weights, stream-K partials or 0).
 __attribute__((visibility("default"))) int64_t JaxW4a4W4a4WorkspaceBytes(int64_t m, int64_t n, int64_t k,
                                                                         int num_sms) {

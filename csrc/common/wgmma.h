@@ -40,7 +40,7 @@ __device__ __forceinline__ void FenceOperands(float (&r)[kN]) {
 
 // Shared-memory matrix descriptor of wgmma: start address, leading / stride byte offsets (16-byte
 // units), swizzle mode in bits 62-63.
-enum : uint32_t { kSwizzleNone = 0, kSwizzle128B = 1, kSwizzle64B = 2 };
+enum : uint32_t { kSwizzleNone = 0, kSwizzle128B = 1, kSwizzle64B = 2, kSwizzle32B = 3 };
 __device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
                                                  uint32_t swizzle) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(sbo_bytes >> 4) << 32) |

@@ -120,6 +120,8 @@ def _load() -> ctypes.CDLL:
     lib.JaxW4a4W4a16WorkspaceBytes.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_int] * 2
     lib.JaxW4a4W4A4ExpandedWeightsMinTokens.restype = ctypes.c_int64
     lib.JaxW4a4W4A4ExpandedWeightsMinTokens.argtypes = []
+    lib.JaxW4a4W4A4LaunchTile.restype = None
+    lib.JaxW4a4W4A4LaunchTile.argtypes = [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.POINTER(ctypes.c_int64)]
     lib.JaxW4a4W4a4WorkspaceBytes.restype = ctypes.c_int64
     lib.JaxW4a4W4a4WorkspaceBytes.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.JaxW4a4ArrivalCounterLimits.restype = None
@@ -376,6 +378,27 @@ def w4a4_expanded_weights_min_tokens() -> int:
     return int(_load().JaxW4a4W4A4ExpandedWeightsMinTokens())
 
 
+@dataclasses.dataclass(frozen=True)
+class W4A4LaunchTile:
+    """The w4a4 GEMM instance one launch runs: its token tile, cluster size and weight path."""
+
+    tile_m: int
+    cluster: int
+    expanded_weights: bool
+
+
+def w4a4_launch_tile(m: int, n: int, *, num_sms: int, act_format: str = "int4") -> W4A4LaunchTile:
+    """The instance of one w4a4 GEMM launch of ``m`` tokens and ``n`` output columns planned for ``num_sms`` SMs:
+    the smallest token tile that holds the tokens (8 to 128), and on expanded weights (from
+    :func:`w4a4_expanded_weights_min_tokens`) the 128-token tile, or for int4 / uint4 activations the 256-token tile
+    where its rounds over the SMs are no more work (it streams half the weight bytes per token)."""
+    if act_format not in ("int4", "uint4", "fp8"):
+        raise ValueError(f"act_format must be 'int4', 'uint4' or 'fp8', got {act_format!r}")
+    out = (ctypes.c_int64 * 3)()
+    _load().JaxW4a4W4A4LaunchTile(m, n, num_sms, int(act_format == "fp8"), out)
+    return W4A4LaunchTile(int(out[0]), int(out[1]), bool(out[2]))
+
+
 def w4a4_workspace_bytes(m: int, n: int, k: int, *, num_sms: int) -> int:
     """Device workspace of one w4a4 GEMM launch planned for ``num_sms`` SMs: the e4m3 weights expanded for a
     long prefill (N x K bytes, :func:`w4a4_expanded_weights_min_tokens`); up to 32 tokens the stream-K partials of
@@ -418,6 +441,22 @@ def describe_w4a16_launch(m: int, n: int, k: int, group_size: int, *, act_order:
             f"of {plan.threads} threads\n  {work}\n  workspace {workspace} bytes")
 
 
+def describe_w4a4_launch(m: int, n: int, k: int, *, num_sms: int, act_format: str = "int4") -> str:
+    """How one w4a4 GEMM call is launched, in words: the instance and the workspace (what ``python -m
+    jax_w4a4.budget w4a4 M N K`` prints)."""
+    from jax_w4a4.ops import checks  # not at import: jax_w4a4.ops imports this module
+
+    if m < 1:
+        checks.fail("budget", f"M must be at least 1, got {m}")
+    checks.multiple_of("budget", "N", n, 128, " (the GEMM's column tile)")
+    checks.multiple_of("budget", "K", k, 128, " (the GEMM's K stage)")
+    tile = w4a4_launch_tile(m, n, num_sms=num_sms, act_format=act_format)
+    weights = "e4m3 weights expanded into the workspace first" if tile.expanded_weights else "int4 weights"
+    return (f"w4a4_gemm M={m} N={n} K={k} {act_format} on {num_sms} SMs: {tile.tile_m}-token tile, clusters of "
+            f"{tile.cluster}, "
+            f"{weights}\n  workspace {w4a4_workspace_bytes(m, n, k, num_sms=num_sms)} bytes")
+
+
 def describe_act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> str:
     """How one act_quant call is launched, in words (what ``python -m jax_w4a4.budget act_quant ROWS K``
     prints)."""
@@ -435,8 +474,8 @@ def describe_act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m jax_w4a4.budget``: every compiled plan; with ``w4a16 M N K`` or ``act_quant ROWS K``, how one
-    call of that shape is launched (planned for the GPU's SMs, or ``--num-sms``)."""
+    """``python -m jax_w4a4.budget``: every compiled plan; with ``w4a16 M N K``, ``w4a4 M N K`` or ``act_quant ROWS
+    K``, how one call of that shape is launched (planned for the GPU's SMs, or ``--num-sms``)."""
     import argparse
 
     from jax_w4a4.ops import _library
@@ -452,6 +491,10 @@ def main(argv: list[str] | None = None) -> None:
         w4a16.add_argument(name, type=int)
     w4a16.add_argument("--group-size", type=int, default=128, help="32, 64, 128 or K (default 128)")
     w4a16.add_argument("--act-order", action="store_true")
+    w4a4 = ops.add_parser("w4a4", parents=[sms], help="the instance of one w4a4 GEMM call")
+    for name in ("m", "n", "k"):
+        w4a4.add_argument(name, type=int)
+    w4a4.add_argument("--act-format", choices=("int4", "uint4", "fp8"), default="int4")
     act = ops.add_parser("act_quant", parents=[sms], help="the launch plan of one act_quant call")
     act.add_argument("rows", type=int)
     act.add_argument("k", type=int)
@@ -464,6 +507,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.op == "w4a16":
             print(describe_w4a16_launch(args.m, args.n, args.k, args.group_size, act_order=args.act_order, num_sms=num_sms))
+        elif args.op == "w4a4":
+            print(describe_w4a4_launch(args.m, args.n, args.k, num_sms=num_sms, act_format=args.act_format))
         elif args.op == "act_quant":
             print(describe_act_quant_launch(args.rows, args.k, args.rank, num_sms=num_sms))
         else:

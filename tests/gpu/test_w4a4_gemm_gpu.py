@@ -6,7 +6,7 @@ layouts); the reference
 ``jax_w4a4.reference.w4a4_gemm`` runs on the CPU backend on the very same quantized arrays (logical
 weights), so a failure here is the GEMM's. The cases cover every token tile (8 to 64: one CTA; 128:
 clusters of 2 with the multicast token operand; for long prefills on weights expanded to e4m3 before the
-GEMM), masked token tails (a tile partly past M; a cluster's
+GEMM, as 128- and 256-token tiles), masked token tails (a tile partly past M; a cluster's
 second half wholly past M), the phantom column tile of an odd tile count, several tiles per persistent
 CTA, decode launches dealt over the CTAs by stream-K (tiles cut over up to ~6 CTAs whose partials the
 finishing CTA adds: M = 1, 7, 13, 16, 20, 40, 64 on ~132 SMs, see W4A4UsesStreamK), long K
@@ -57,11 +57,17 @@ CASES = [
     (150, 3072, 3072, 16, True, BF16, "fp8"),        # 128-token tile: last tile's second half wholly past M
     (333, 4096, 4096, 128, True, F16, "int4"),       # 128-token tile, 3 token tiles, 4 low-rank chunks
     (333, 128, 128, 32, False, F16, "fp8"),          # 128-token tile with a phantom column tile
-    # Long prefills: the 128-token tile on weights expanded to e4m3 before the GEMM (from 768 tokens).
-    (1100, 1536, 2048, 16, True, F16, "int4"),       # expanded weights, masked token tail
-    (4096, 3072, 12288, 32, False, F16, "uint4"),    # prefill: long K, 384 cluster tiles (~6 per CTA)
-    (4096, 14336, 4096, 128, True, BF16, "fp8"),     # prefill: wide N
-    (4096, 4096, 4096, 0, True, BF16, "int4"),       # prefill: rank 0 with α/β
+    # Long prefills: weights expanded to e4m3 before the GEMM (from 768 tokens), on the 128-token tile or, for int4 /
+    # uint4 activations where its rounds over ~132 SMs are no more work, the 256-token one (budget.w4a4_launch_tile;
+    # the tiles below are those planned for 132 SMs).
+    (1100, 1536, 2048, 16, True, F16, "int4"),       # 128 tokens, expanded weights, masked token tail
+    (4096, 14336, 4096, 128, True, BF16, "fp8"),     # 128 tokens (fp8), expanded weights, wide N
+    (800, 3072, 2048, 32, True, BF16, "int4"),       # 256 tokens: last tile's second half past M; 2 low-rank chunks
+    (1000, 4096, 1024, 16, False, F16, "uint4"),     # 256 tokens: last tile's second half partly past M
+    (4096, 896, 1024, 16, True, BF16, "uint4"),      # 256 tokens: a phantom column tile
+    (4096, 3072, 12288, 32, False, F16, "uint4"),    # 256 tokens: long K, 192 cluster tiles (~3 per CTA)
+    (4096, 4096, 4096, 128, True, BF16, "int4"),     # 256 tokens: 8 low-rank chunks of 16 ranks
+    (4096, 4096, 4096, 0, True, F16, "int4"),        # 256 tokens: rank 0 with α/β
 ]
 
 
@@ -183,28 +189,46 @@ def test_w4a4_gemm_sm90_is_deterministic(m):
         np.testing.assert_array_equal(np.asarray(gemm(*args)), first)
 
 
-@pytest.mark.parametrize("act_format, dtype", [("int4", BF16), ("fp8", F16)])
-def test_expanded_weights_give_the_register_path_bits(act_format, dtype):
+def _first_tokens_of_tile(n: int, tile_m: int, sms: int, act_format: str) -> int:
+    """The fewest tokens from the expanded-weights threshold whose launch runs the `tile_m` tile on expanded weights."""
+    first = budget.w4a4_expanded_weights_min_tokens()
+    return next(m for m in range(first, 8 * first)
+                if budget.w4a4_launch_tile(m, n, num_sms=sms, act_format=act_format).tile_m == tile_m)
+
+
+@pytest.mark.parametrize("pair, act_format, dtype", [("registers-expanded", "int4", BF16),
+                                                     ("registers-expanded", "fp8", F16),
+                                                     ("expanded-256", "int4", BF16), ("expanded-256", "uint4", F16)])
+def test_expanded_weights_give_the_register_path_bits(pair, act_format, dtype):
     """From w4a4_expanded_weights_min_tokens the prefill tile reads e4m3 weights expanded into the workspace
-    before the GEMM (w4a4_gemm_plan.h); below, it converts them in registers. Both feed the same e4m3 values
-    to the same wgmmas in the same order, so the first m - 1 rows of an m-token call equal an (m - 1)-token
-    call's bit for bit (and the rows match the reference in the CASES above)."""
+    before the GEMM (w4a4_gemm_plan.h); below, it converts them in registers; past the threshold the launch may take
+    the 256-token tile on expanded weights instead (int4 / uint4: budget.w4a4_launch_tile). All feed the same e4m3
+    values to the same wgmmas in the same order, so the first m - 1 rows of an m-token call equal an (m - 1)-token
+    call's bit for bit across each change of instance (with one low-rank chunk: the 256-token tile's chunks are 16
+    ranks, the 128-token tile's 32, so the two sum a 32-rank term in different orders; and the rows match the
+    reference in the CASES above)."""
     sms = _library.cuda_sm_count()
-    m, n, k = budget.w4a4_expanded_weights_min_tokens(), 1280, 1536
-    assert budget.w4a4_workspace_bytes(m, n, k, num_sms=sms) == n * k
-    assert budget.w4a4_workspace_bytes(m - 1, n, k, num_sms=sms) == 0
+    n, k = 8192, 1024
+    if pair == "registers-expanded":
+        m = budget.w4a4_expanded_weights_min_tokens()
+        assert budget.w4a4_launch_tile(m - 1, n, num_sms=sms, act_format=act_format).expanded_weights is False
+        assert budget.w4a4_launch_tile(m, n, num_sms=sms, act_format=act_format).expanded_weights is True
+    else:
+        m = _first_tokens_of_tile(n, 256, sms, act_format)
+        narrower_tile = budget.w4a4_launch_tile(m - 1, n, num_sms=sms, act_format=act_format)
+        assert narrower_tile == budget.W4A4LaunchTile(128, 2, True)
     q_x, s_x, la, qweight, wscales, lora_up, alpha, bias = _make_inputs(
-        jax.random.key(23), m=m, n=n, k=k, rank=32, dtype=dtype, act_format=act_format)
+        jax.random.key(23), m=m, n=n, k=k, rank=16, dtype=dtype, act_format=act_format)
     gemm = jax.jit(functools.partial(ops.w4a4_gemm, act_format=act_format))
     weights = (*_kernel_layouts(qweight, wscales), lora_up, alpha, bias)
     _poison_output_memory((m, n), dtype)
-    expanded = np.asarray(gemm(q_x, s_x, la, *weights))
+    wider = np.asarray(gemm(q_x, s_x, la, *weights))
     _poison_output_memory((m - 1, n), dtype)
-    registers = np.asarray(gemm(q_x[: m - 1], s_x[: m - 1], la[: m - 1], *weights))
-    assert np.isfinite(expanded.astype(np.float32)).all()
-    np.testing.assert_array_equal(expanded[: m - 1].view(np.uint16), registers.view(np.uint16))
+    narrower = np.asarray(gemm(q_x[: m - 1], s_x[: m - 1], la[: m - 1], *weights))
+    assert np.isfinite(wider.astype(np.float32)).all()
+    np.testing.assert_array_equal(wider[: m - 1].view(np.uint16), narrower.view(np.uint16))
     ref = _cpu_reference(q_x[-2:], s_x[-2:], la[-2:], qweight, wscales, lora_up, alpha, bias, act_format)
-    assert _relative_error(expanded[-2:].astype(np.float32), ref) < TOLERANCE[dtype]
+    assert _relative_error(wider[-2:].astype(np.float32), ref) < TOLERANCE[dtype]
 
 
 # (M, N, K, rank, dtype, act_format) of the fused linear: every token tile, stream-K and whole tiles, the

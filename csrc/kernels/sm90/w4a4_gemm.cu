@@ -6,7 +6,7 @@
 //
 // Orientation (A/B swap). A CTA computes a tile of Yᵀ: kTileN = 128 output columns (the wgmma M side,
 // 64 per consumer warpgroup) x kTileM tokens (the wgmma N side: 8, 16, 32, 64 or 128, picked by M, so
-// decode and prefill run the same kernel; 128 twice: with and without expanded weights). Below
+// decode and prefill run the same kernel; on expanded weights 128 or 256: W4A4LaunchShapeIndex). Below
 // kW4A4ExpandedWeightsMinTokens tokens the int4 weights are the A operand FROM REGISTERS: each consumer
 // thread loads its fragments of a group of 64 with one 16-byte LDS (the prepacked layout), converts
 // int4 -> e4m3 in registers and issues dense wgmma m64nNk32 .e4m3.e4m3. The activations (e4m3 codes for
@@ -23,11 +23,14 @@
 //     acc), where partial·s_x + c = s_x·2^-9 Σ x q is rounded once, as partial·s_x was when a correction wgmma
 //     per k32 wgmma (A = -8·2^-9) formed 2^-9 Σ x q on the tensor cores (until session 48: 4.4% of
 //     16 x 28672 x 8192, 6.4% at 32 tokens). 2^9 is applied with α. Same for int4, uint4 and fp8 activations.
-// Expanded weights (long prefills, from kW4A4ExpandedWeightsMinTokens tokens, the last instance: the 128-token
-//   tile): ExpandWeightsKernel first writes the whole weight matrix as e4m3 codes, (n, k) row-major, into
+// Expanded weights (long prefills, from kW4A4ExpandedWeightsMinTokens tokens, the last two instances: the 128- and
+//   256-token tiles): ExpandWeightsKernel first writes the whole weight matrix as e4m3 codes, (n, k) row-major, into
 //   the workspace (with the prefill table above: exact), and the GEMM's TMA loads 16 KB stages of it with
 //   the 128-byte swizzle; the consumers read their A fragments from the stage with ldmatrix, no conversion
 //   (ExpandedFragments). Session 19: 8192^3 1708-1718 -> 1397 us, the pass included (w4a4_gemm_plan.h).
+//   The 256-token tile streams half the weight and multicast token bytes per MMA that the 128-token tile does
+//   (8192^3 1398-1403 -> 1328-1337 us, session 53); its 128 accumulator registers leave it one partial and one
+//   product set (below), 16-rank low-rank chunks and an epilogue that stores 128 tokens at a time.
 //
 // Persistent tile scheduler. grid = min(co-resident clusters, cluster tiles) x cluster CTAs; cluster
 // tile c covers one token tile and `kCluster` adjacent column tiles; CTAs walk the cluster tiles in a
@@ -70,8 +73,8 @@
 //             activation scales]
 //   low-rank  kLoraStages x [L_up chunk | LA chunk fp32 | LA chunk in the MMA dtype | α, β] per chunk of
 //             kLoraChunk ranks (a tile has max(1, ceil(rank / kLoraChunk)) items; item 0 carries α/β)
-//   epilogue  one staging tile per consumer warpgroup; its TMA store is awaited (bulk wait_group.read)
-//             before the next tile is staged.
+//   epilogue  one staging tile of up to 128 tokens per consumer warpgroup; its TMA store is awaited (bulk
+//             wait_group.read) before the next tokens are staged.
 //
 // Consumer -> producer releases of a peer CTA's stage are mbarrier.arrive.shared::cluster with the default
 // (.release.cta) semantics: the consumer only read the stage. With .release.cluster ptxas emitted MEMBAR.ALL.GPU
@@ -94,7 +97,8 @@
 //   tensor cores meanwhile). Carrying that unit across the K loop's back edge would make ptxas serialize
 //   every wgmma (C7514: accumulators of a wgmma in flight across the back edge are read). 128 tokens run
 //   as 2 slices of n64 (acc 64 + 2 x 32 partial registers) instead of n128 (64 + 2 x 64: too many for
-//   232 registers).
+//   232 registers). 256 tokens run as 4 slices of n64 with one partial set (acc 128 + 32, + 32 of products):
+//   each unit is promoted once it retires (wait_group(0)), while the other warpgroup's units run.
 // Scale products (W4A4ScaleProductMma: the 32-, 64- and 128-token tiles with 16-bit activation scales): after a
 //   unit's two k32 wgmmas, one wgmma m64nNk16 bf16/fp16 forms s_w[n]·s_x[m] for the whole unit on the tensor
 //   cores (A from registers: the thread's two weight-scale words masked to group gi's half, at k = gi, in the
@@ -156,6 +160,7 @@
 //     64       1        1          7             2          226048 B
 //    128       2        1          6             1          229504 B   (of 231424: 227 KB less the slack)
 //    128       2        1          3             2          206464 B   (expanded weights: 16 KB stages)
+//    256       2        1          3             1          223872 B   (expanded; 16-rank chunks, 128-token staging)
 // Two CTAs per SM (8- and 16-token tiles, W4A4CtasPerSm): each plan is solved against half the SM
 // (114688 B with the slack and the driver's 1 KB), registers 80 per thread at launch, so setmaxnreg
 // moves 40 -> producers and 96 -> consumers inside each CTA's pool of 384 x 80.
@@ -284,12 +289,16 @@ struct Config {
   // K-stages a consumer issues before it drains its wgmmas, and its partial-accumulator sets. Small
   // token tiles (decode) are bound by the latency of one stage's wait-promote-release chain, not by the
   // tensor cores: four (tiles 8, 16) or two (tile 32) stages in flight per chain; each unit then has its
-  // own partial set (4, 8 or 16 registers). Larger tiles alternate two sets, one promoted while the other runs.
+  // own partial set (4, 8 or 16 registers). The 64- and 128-token tiles alternate two sets, one promoted while
+  // the other runs. The 256-token tile's 128 accumulator registers leave room for one partial and one product
+  // set of n64 (its units run one at a time, the other warpgroup's fill the tensor cores meanwhile). Session 53,
+  // 8192³ against the 128-token tile: -4.8% so, -2.9% with two sets of n32 slices; n32 slices alone cost the
+  // 128-token tile 7.5%.
   // Two CTAs per SM leave 96 registers per consumer thread: two stages of weight fragments at 8 tokens, one at
   // 16 (two would not fit beside the 16-token partials, and ptxas would serialize the wgmmas, C7512).
   static constexpr int kStagesPerStep =
       kCtasPerSm > 1 ? (kTileM <= 8 ? 2 : 1) : kTileM <= 16 ? 4 : kTileM <= 32 ? 2 : 1;
-  static constexpr int kPartSets = kTileM <= 32 ? kStagesPerStep * kSlices * 2 : 2;
+  static constexpr int kPartSets = kTileM <= 32 ? kStagesPerStep * kSlices * 2 : kTileM <= 128 ? 2 : 1;
   static_assert(kPartSets <= 8, "WgmmaWaitPending covers up to 7 pending groups");
   // Decode tiles convert the weights to offset codes (byte q + 8, Int4x8ToOffsetE4m3) and cancel the
   // offset with two more wgmmas per unit; prefill tiles keep the exact table lookup (there the extra
@@ -315,7 +324,8 @@ struct Config {
   static constexpr int kLaHalfBytes = kTileM * kLaRowBytes;
   static constexpr int kAlphaBytes = kTileN * 4;
   static constexpr int kBiasBytes = kTileN * 2;
-  static constexpr int kStagingBytes = kTileM * kTileN * 2;
+  static constexpr int kStagedTokens = W4A4StagedTokens(kShape);  // per TMA store of the epilogue
+  static constexpr int kStagingBytes = kStagedTokens * kTileN * 2;
   static constexpr int kBarriers = 2 * kStages + 3 * kLoraStages;  // full, empty | full, converted, empty
 
   // The 32-token tile loads a stage's promotion records with one TMA box (16 bytes x 32 rows of the (m, k/8)-byte
@@ -347,10 +357,14 @@ struct Config {
                     kThreads * budget::LaunchRegisters(kThreads, kCtasPerSm),
                 "setmaxnreg must stay inside the CTA's register pool");
   static_assert(kTileN == 128, "two consumer warpgroups of 64 columns");
-  static_assert(kTileM % 8 == 0 && kTileM <= 128 && kTileM % kSliceN == 0, "token tile");
+  static_assert(kTileM % 8 == 0 && kTileM <= 256 && kTileM % kSliceN == 0 && kTileM % kStagedTokens == 0,
+                "token tile");
   static_assert(kTileM % 16 == 0 || kTileM == 8, "the epilogue stores blocks of 16 tokens, or one of 8");
   static_assert(kCluster == 1 || kCluster == 2, "cluster of 1 or 2 CTAs along N");
-  static_assert(kLoraChunk == 32 || kLoraChunk == 64, "the LA B operand uses the 64- or 128-byte swizzle");
+  static_assert(kLoraChunk == 16 || kLoraChunk == 32 || kLoraChunk == 64,
+                "the LA B operand uses the 32-, 64- or 128-byte swizzle");
+  static constexpr uint32_t kLaSwizzle =
+      kLaRowBytes == 128 ? kSwizzle128B : kLaRowBytes == 64 ? kSwizzle64B : kSwizzle32B;
   static_assert(kShape.act_value_bits == 8, "activations are e4m3 codes");
   static_assert(kHalfRows * kTileK % budget::kSwizzledAlign == 0, "a multicast half keeps the swizzle phase");
   static_assert(kStages >= kW4A4MinMainStages && kLoraStages >= 1, "pipeline depth");
@@ -419,7 +433,7 @@ struct Smem {
                 "swizzled expanded weights (ExpandedFragments XORs chunks with the row mod 8)");
   static_assert(kLoraUp % 1024 == 0 && Stride(kObjLoraUp) % 1024 == 0, "swizzled A operand");
   static_assert(kLaHalf % 1024 == 0 && Stride(kObjLaHalf) % 1024 == 0, "swizzled LA operand");
-  static_assert(kStaging % 1024 == 0 && C::kTileM * 128 % 1024 == 0, "swizzled staging, per warpgroup");
+  static_assert(kStaging % 1024 == 0 && C::kStagedTokens * 128 % 1024 == 0, "swizzled staging, per warpgroup");
   static_assert(kLaF32 % 128 == 0 && kWeightScales % 128 == 0 && kActScales % 128 == 0 && kAlphaBeta % 128 == 0 &&
                 kBarriers % 8 == 0, "TMA / bulk-copy destinations");
   static_assert(Stride(kObjWeights) == C::kWeightBytes && Stride(kObjLoraUp) == C::kLoraUpBytes);
@@ -987,14 +1001,14 @@ __device__ void ProduceLowRank(const CUtensorMap& tm_up, const CUtensorMap& tm_l
   }
 }
 
-// Warps 2-3: LA chunk fp32 [tokens][ranks] -> output dtype, K-major with the 128-byte (64-rank chunk) or
-// 64-byte (32-rank chunk) swizzle: the B operand of the low-rank wgmma.
+// Warps 2-3: LA chunk fp32 [tokens][ranks] -> output dtype, K-major with the 128-byte (64-rank chunk), 64-byte
+// (32-rank chunk) or 32-byte (16-rank chunk) swizzle: the B operand of the low-rank wgmma.
 template <class C, class OutT>
 __device__ void ConvertLowRank(const KernelParams& p, uint32_t smem, Barriers<C> bar, int converter_thread,
                                int lane) {
   using L = Smem<C>;
   constexpr int kChunks = C::kLoraChunk / 8;  // 16-byte chunks of 8 ranks per token row
-  constexpr int kSwizzleMask = C::kLaRowBytes == 128 ? 7 : 3;
+  constexpr int kSwizzleMask = C::kLaRowBytes / 16 - 1;  // 128-, 64- or 32-byte swizzle: chunk ^= row phase
   const int items = LoraItems(p.rank, C::kLoraChunk);
   PipeState<C::kLoraStages> state;
   Segment seg;
@@ -1133,13 +1147,15 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
   // The scale-product path (W4A4ScaleProductMma, 16-bit activation scales): s_w[n]·s_x[m] per unit from a wgmma.
   constexpr bool kScaleMma = kUsesScaleProducts<C, kFp8Act>;
   static_assert(!kScaleMma || kSliceN >= 32, "the scale wgmma is instantiated for n32 and n64 slices");
-  static_assert(!kScaleMma || kSlices <= kPartSets, "the low-rank wgmmas run into a partial set per slice");
+  // With scale products the low-rank wgmmas run into the partial sets, kLowRankSlices slices at a time.
+  constexpr int kLowRankSlices = kScaleMma && kSlices > kPartSets ? kPartSets : kSlices;
+  static_assert(kSlices % kLowRankSlices == 0 && (!kScaleMma || kLowRankSlices <= kPartSets));
   // One scale-product set per partial set: a unit's products are issued with its partial, so the previous unit's
   // promotion waits on neither.
   [[maybe_unused]] float scale_products[kPartSets][kSliceN / 2];
   PipeState<C::kStages> state;
   PipeState<C::kLoraStages> lora_state;
-  const uint32_t staging = smem + L::kStaging + wg * (C::kTileM * 128);
+  const uint32_t staging = smem + L::kStaging + wg * (C::kStagedTokens * 128);
 
   // One step: kU K-stages, each of kSlices x 2 units (slice, group): two wgmma k32 into a fresh partial
   // set (scale-d = 0 on the first), one commit. Unit u goes to partial set u % kPartSets; before set
@@ -1152,7 +1168,6 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
     constexpr int kUnitsPerStage = kSlices * 2;
     constexpr int kUnits = kU * kUnitsPerStage;
     constexpr int kSets = kUnits < kPartSets ? kUnits : kPartSets;
-    static_assert(!kScaleMma || kSets >= 2, "unit u's products are issued while unit u - 1's are being promoted");
     int stage[kU] = {};
     uint32_t a[kU][2][8];  // the register A fragments: [stage][group][k-step 0: 0-3, 1: 4-7]
     uint32_t act_scales[kU] = {};
@@ -1241,15 +1256,20 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
                                                MakeSmemDesc(rows, 0, 8 * C::kActScalePitch, kSwizzleNone), /*scale_d=*/0);
         }
         WgmmaCommit();
-        if (kScaleMma && u >= 1) {  // unit u - 1 is promoted while unit u's wgmmas run
+        if constexpr (kScaleMma && kSets == 1) {  // one set: the unit is promoted once it retires
+          WgmmaWaitPending(0);
+          promote_unit(u);
+        } else if (kScaleMma && u >= 1) {  // unit u - 1 is promoted while unit u's wgmmas run
           WgmmaWaitPending(1);
           promote_unit(u - 1);
         }
       }
     }
     if constexpr (kScaleMma) {
-      WgmmaWaitPending(0);
-      promote_unit(kUnits - 1);
+      if constexpr (kSets > 1) {
+        WgmmaWaitPending(0);
+        promote_unit(kUnits - 1);
+      }
     } else {
 #pragma unroll
       for (int u = kUnits - kSets; u < kUnits; ++u) {
@@ -1368,37 +1388,40 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
         // trip count would put descriptor arithmetic between wgmmas, which makes ptxas serialize every wgmma.
         const uint64_t desc_a = MakeSmemDesc(smem + L::kLoraUp + s * L::Stride(kObjLoraUp) + wg * C::kLoraChunk * 128,
                                              1024, 1024, kSwizzle128B);
-        const uint64_t desc_b = MakeSmemDesc(smem + L::kLaHalf + s * L::Stride(kObjLaHalf), 16, 8 * C::kLaRowBytes,
-                                             C::kLaRowBytes == 128 ? kSwizzle128B : kSwizzle64B);
+        const uint64_t desc_b =
+            MakeSmemDesc(smem + L::kLaHalf + s * L::Stride(kObjLaHalf), 16, 8 * C::kLaRowBytes, C::kLaSwizzle);
         auto lowrank = [&](int sl) -> float(&)[kSliceN / 2] {
-          if constexpr (kScaleMma) return part[sl];
+          if constexpr (kScaleMma) return part[sl % kLowRankSlices];
           else return acc[sl];
         };
 #pragma unroll
-        for (int sl = 0; sl < kSlices; ++sl) {
-          if constexpr (kScaleMma) {
+        for (int first = 0; first < kSlices; first += kLowRankSlices) {
 #pragma unroll
-            for (int i = 0; i < kSliceN / 2; ++i) part[sl][i] = 0.0f;
+          for (int sl = first; sl < first + kLowRankSlices; ++sl) {
+            if constexpr (kScaleMma) {
+#pragma unroll
+              for (int i = 0; i < kSliceN / 2; ++i) part[sl % kLowRankSlices][i] = 0.0f;
+            }
+            FenceOperands(lowrank(sl));
           }
-          FenceOperands(lowrank(sl));
-        }
-        WgmmaFence();
+          WgmmaFence();
 #pragma unroll
-        for (int kk = 0; kk < C::kLoraChunk / 16; ++kk) {
+          for (int kk = 0; kk < C::kLoraChunk / 16; ++kk) {
 #pragma unroll
-          for (int sl = 0; sl < kSlices; ++sl) {
-            Wgmma<kSliceN>::template Half<kBf16>(lowrank(sl), desc_a + ((kk * 16 * 128) >> 4),
-                                                  desc_b + ((sl * kSliceN * C::kLaRowBytes + kk * 32) >> 4));
+            for (int sl = first; sl < first + kLowRankSlices; ++sl) {
+              Wgmma<kSliceN>::template Half<kBf16>(lowrank(sl), desc_a + ((kk * 16 * 128) >> 4),
+                                                    desc_b + ((sl * kSliceN * C::kLaRowBytes + kk * 32) >> 4));
+            }
           }
-        }
-        WgmmaCommit();
-        WgmmaWait<0>();
+          WgmmaCommit();
+          WgmmaWait<0>();
 #pragma unroll
-        for (int sl = 0; sl < kSlices; ++sl) {
-          FenceOperands(lowrank(sl));
-          if constexpr (kScaleMma) {
+          for (int sl = first; sl < first + kLowRankSlices; ++sl) {
+            FenceOperands(lowrank(sl));
+            if constexpr (kScaleMma) {
 #pragma unroll
-            for (int i = 0; i < kSliceN / 2; ++i) acc[sl][i] += part[sl][i];
+              for (int i = 0; i < kSliceN / 2; ++i) acc[sl][i] += part[sl % kLowRankSlices][i];
+            }
           }
         }
       }
@@ -1407,38 +1430,44 @@ __device__ void Consume(const CUtensorMap& tm_y, const KernelParams& p, uint32_t
       lora_state.Advance();
     }
 
-    // ---- epilogue: + β, stmatrix (transposed: token rows of 64 columns, 128-byte swizzle), TMA store
-    if (tid == 0) BulkWaitRead0();  // the previous tile's store has read the staging tile
-    NamedBarrierSync(1 + wg, kConsumerThreads);
-    if constexpr (C::kTileM == 8) {
-      // One token block: matrix j = column half j of tokens 0-7; lanes 0-15 give the row addresses.
-      const float* d = acc[0];
-      const uint32_t r0 = PackHalf2<OutT>(d[0] + beta[0], d[1] + beta[0]);
-      const uint32_t r1 = PackHalf2<OutT>(d[2] + beta[1], d[3] + beta[1]);
-      const int token = lane & 7;
-      const int chunk = 2 * warp + ((lane >> 3) & 1);
-      StMatrixX2Trans(staging + token * 128 + ((chunk ^ token) << 4), r0, r1);
-    }
+    // ---- epilogue: + β, stmatrix (transposed: token rows of 64 columns, 128-byte swizzle), TMA store, kStagedTokens
+    // tokens at a time (the 256-token tile in two)
 #pragma unroll
-    for (int pair = 0; pair < C::kTileM / 16; ++pair) {
-      const int sl = pair * 16 / kSliceN;
-      const int i = pair * 16 % kSliceN / 8;  // token blocks i, i + 1 of the slice
-      const float* d = acc[sl];
-      const uint32_t r0 = PackHalf2<OutT>(d[4 * i + 0] + beta[0], d[4 * i + 1] + beta[0]);
-      const uint32_t r1 = PackHalf2<OutT>(d[4 * i + 2] + beta[1], d[4 * i + 3] + beta[1]);
-      const uint32_t r2 = PackHalf2<OutT>(d[4 * i + 4] + beta[0], d[4 * i + 5] + beta[0]);
-      const uint32_t r3 = PackHalf2<OutT>(d[4 * i + 6] + beta[1], d[4 * i + 7] + beta[1]);
-      // Lane L gives row L % 8 of matrix L / 8: matrix j = (column half j & 1, token block j >> 1).
-      const int j = lane >> 3;
-      const int token = 16 * pair + 8 * (j >> 1) + (lane & 7);
-      const int chunk = 2 * warp + (j & 1);
-      StMatrixX4Trans(staging + token * 128 + ((chunk ^ (token & 7)) << 4), r0, r1, r2, r3);
-    }
-    FenceProxyAsync();
-    NamedBarrierSync(1 + wg, kConsumerThreads);
-    if (tid == 0 && tile.valid) {
-      TmaStore2d(tm_y, staging, tile.n0 + 64 * wg, tile.m0);  // clips the token rows >= M
-      BulkCommit();
+    for (int pass = 0; pass < C::kTileM / C::kStagedTokens; ++pass) {
+      if (tid == 0) BulkWaitRead0();  // the previous store has read the staging tile
+      NamedBarrierSync(1 + wg, kConsumerThreads);
+      if constexpr (C::kTileM == 8) {
+        // One token block: matrix j = column half j of tokens 0-7; lanes 0-15 give the row addresses.
+        const float* d = acc[0];
+        const uint32_t r0 = PackHalf2<OutT>(d[0] + beta[0], d[1] + beta[0]);
+        const uint32_t r1 = PackHalf2<OutT>(d[2] + beta[1], d[3] + beta[1]);
+        const int token = lane & 7;
+        const int chunk = 2 * warp + ((lane >> 3) & 1);
+        StMatrixX2Trans(staging + token * 128 + ((chunk ^ token) << 4), r0, r1);
+      }
+#pragma unroll
+      for (int pair = 0; pair < C::kStagedTokens / 16; ++pair) {
+        const int tile_pair = pass * C::kStagedTokens / 16 + pair;
+        const int sl = tile_pair * 16 / kSliceN;
+        const int i = tile_pair * 16 % kSliceN / 8;  // token blocks i, i + 1 of the slice
+        const float* d = acc[sl];
+        const uint32_t r0 = PackHalf2<OutT>(d[4 * i + 0] + beta[0], d[4 * i + 1] + beta[0]);
+        const uint32_t r1 = PackHalf2<OutT>(d[4 * i + 2] + beta[1], d[4 * i + 3] + beta[1]);
+        const uint32_t r2 = PackHalf2<OutT>(d[4 * i + 4] + beta[0], d[4 * i + 5] + beta[0]);
+        const uint32_t r3 = PackHalf2<OutT>(d[4 * i + 6] + beta[1], d[4 * i + 7] + beta[1]);
+        // Lane L gives row L % 8 of matrix L / 8: matrix j = (column half j & 1, token block j >> 1).
+        const int j = lane >> 3;
+        const int token = 16 * pair + 8 * (j >> 1) + (lane & 7);
+        const int chunk = 2 * warp + (j & 1);
+        StMatrixX4Trans(staging + token * 128 + ((chunk ^ (token & 7)) << 4), r0, r1, r2, r3);
+      }
+      FenceProxyAsync();
+      NamedBarrierSync(1 + wg, kConsumerThreads);
+      const int m0 = tile.m0 + pass * C::kStagedTokens;
+      if (tid == 0 && tile.valid && m0 < p.m) {
+        TmaStore2d(tm_y, staging, tile.n0 + 64 * wg, m0);  // clips the token rows >= M
+        BulkCommit();
+      }
     }
   }
   if (tid == 0) BulkWait0();
@@ -1567,7 +1596,7 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   ok = ok && EncodeTiled<2>(&tm_x, CU_TENSOR_MAP_DATA_TYPE_UINT8, args.q_x, {uint64_t(k), uint64_t(m)}, {uint64_t(k)},
                             {uint32_t(C::kTileK), uint32_t(C::kHalfRows)}, CU_TENSOR_MAP_SWIZZLE_128B);
   ok = ok && EncodeTiled<2>(&tm_y, half, args.y, {uint64_t(n), uint64_t(m)}, {uint64_t(n) * 2},
-                            {64, uint32_t(C::kTileM)}, CU_TENSOR_MAP_SWIZZLE_128B);
+                            {64, uint32_t(C::kStagedTokens)}, CU_TENSOR_MAP_SWIZZLE_128B);
   if (rank > 0) {
     ok = ok && EncodeTiled<2>(&tm_la, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, args.la, {uint64_t(rank), uint64_t(m)},
                               {uint64_t(rank) * 4}, {uint32_t(C::kLoraChunk), uint32_t(C::kHalfRows)},
@@ -1668,11 +1697,12 @@ cudaError_t LaunchShape(const W4A4GemmSm90Args& args, cudaStream_t stream) {
   return cudaLaunchKernelEx(&config, kernel, tm_w, tm_x, tm_records, tm_la, tm_up, tm_y, p);
 }
 
-// Token tile by M (the plan's kW4A4Shapes order): 8, 16, 32, 64 or 128 (cluster 2), and from
-// kW4A4ExpandedWeightsMinTokens the 128 tile on expanded weights.
+// The instance of a launch (W4A4LaunchShapeIndex, in the plan's kW4A4Shapes order): token tiles of 8, 16, 32, 64 or
+// 128 (cluster 2), and from kW4A4ExpandedWeightsMinTokens the 128- or (int4/uint4 activations) 256-token tile on
+// expanded weights.
 template <class OutT, bool kFp8Act>
 cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
-  switch (W4A4ShapeIndexForTokens(args.m)) {
+  switch (W4A4LaunchShapeIndex(args.m, args.n, args.num_sms, kFp8Act)) {
     case 0:
       return LaunchShape<0, OutT, kFp8Act>(args, stream);
     case 1:
@@ -1683,15 +1713,21 @@ cudaError_t LaunchForTokens(const W4A4GemmSm90Args& args, cudaStream_t stream) {
       return LaunchShape<3, OutT, kFp8Act>(args, stream);
     case 4:
       return LaunchShape<4, OutT, kFp8Act>(args, stream);
-    default:
+    case 5:
       return LaunchShape<5, OutT, kFp8Act>(args, stream);
+    default:  // never with fp8 activations (W4A4LaunchShapeIndex), so that instance is not built
+      if constexpr (kFp8Act) {
+        return cudaErrorInvalidValue;
+      } else {
+        return LaunchShape<6, OutT, kFp8Act>(args, stream);
+      }
   }
 }
 
-static_assert(kW4A4ShapeCount == 6 && kW4A4Shapes[0].tile_m == 8 && kW4A4Shapes[1].tile_m == 16 &&
+static_assert(kW4A4ShapeCount == 7 && kW4A4Shapes[0].tile_m == 8 && kW4A4Shapes[1].tile_m == 16 &&
                   kW4A4Shapes[2].tile_m == 32 && kW4A4Shapes[3].tile_m == 64 && kW4A4Shapes[4].tile_m == 128 &&
-                  !kW4A4Shapes[4].expanded_weights && kW4A4Shapes[5].expanded_weights,
-              "W4A4ShapeIndexForTokens walks the plan's shapes by increasing token tile, expanded weights last");
+                  !kW4A4Shapes[4].expanded_weights && kW4A4ExpandedShape == 5 && kW4A4ExpandedWideShape == 6,
+              "LaunchForTokens names the plan's shapes: token tiles by size, then the two on expanded weights");
 
 }  // namespace
 

@@ -75,6 +75,13 @@ constexpr int64_t W4A4ExpandedWeightsBytes(int64_t n, int64_t k) { return n * k;
 // promotion): two independent CTAs per SM hide it. Larger tiles need the registers and shared memory of one.
 constexpr int W4A4CtasPerSm(const W4A4Shape& s) { return W4A4OffsetWeights(s) && s.tile_m <= 16 ? 2 : 1; }
 
+// The epilogue stages at most this many tokens of a consumer warpgroup's 64 columns at a time (a TMA store each):
+// the 256-token tile stores its tokens in two passes, so its staging takes 32 KB, not 64.
+inline constexpr int kW4A4MaxStagedTokens = 128;
+constexpr int W4A4StagedTokens(const W4A4Shape& s) {
+  return s.tile_m < kW4A4MaxStagedTokens ? s.tile_m : kW4A4MaxStagedTokens;
+}
+
 // The kernel aligns its shared-memory base to 1 KB, so it allocates the plan's bytes + 1 KB.
 inline constexpr int64_t kW4A4SmemAlignSlack = budget::kSwizzledAlign;
 
@@ -154,7 +161,8 @@ constexpr W4A4Plan MakeW4A4Plan(W4A4Shape s, int main_stages, int lora_stages) {
           {"LA chunk (16-bit, MMA operand)", int64_t{s.tile_m} * s.lora_chunk * 2, lora_stages, Sharing::kPrivate,
            Lifetime::kLowRank, swizzled},
           {"alpha, beta (fp32)", s.tile_n * 8, lora_stages, Sharing::kPrivate, Lifetime::kLowRank, bulk},
-          {"output tile staging", int64_t{s.tile_m} * s.tile_n * 2, 1, Sharing::kPrivate, Lifetime::kEpilogue, bulk},
+          {"output tile staging", int64_t{W4A4StagedTokens(s)} * s.tile_n * 2, 1, Sharing::kPrivate,
+           Lifetime::kEpilogue, bulk},
           {"mbarriers", barriers * budget::kMbarrierBytes, 1, Sharing::kPrivate, Lifetime::kKernel, bulk},
       }};
 }
@@ -190,7 +198,8 @@ constexpr W4A4Plan SolveW4A4Plan(W4A4Shape s) {
 // The shapes the kernel instantiates, by token count: decode tiles up to 64 tokens without a cluster (their
 // token operand is small, and stream-K can deal their few column tiles over every SM: 64 x 8192² ran on 64
 // CTAs as clusters of 2, 47.6 -> 29.5 us with stream-K, session 9) up to prefill (128 tokens, cluster of 2
-// sharing them), and the same prefill tile on expanded weights from kW4A4ExpandedWeightsMinTokens tokens.
+// sharing them), then on expanded weights from kW4A4ExpandedWeightsMinTokens tokens the same prefill tile and a
+// 256-token one (W4A4LaunchShapeIndex picks).
 inline constexpr W4A4Shape kW4A4Shapes[] = {
     {128, 8, 1, 64, 8},
     {128, 16, 1, 64, 8},
@@ -198,22 +207,56 @@ inline constexpr W4A4Shape kW4A4Shapes[] = {
     {128, 64, 1, 64, 8},
     {128, 128, 2, 32, 8},
     {128, 128, 2, 32, 8, true},
+    {128, 256, 2, 16, 8, true},
 };
 
 inline constexpr int kW4A4ShapeCount = sizeof(kW4A4Shapes) / sizeof(kW4A4Shapes[0]);
+inline constexpr int kW4A4ExpandedShape = kW4A4ShapeCount - 2;      // 128 tokens on expanded weights
+inline constexpr int kW4A4ExpandedWideShape = kW4A4ShapeCount - 1;  // 256 tokens on expanded weights
 
-// The instance that serves M tokens: the smallest token tile that holds them (128 beyond), on expanded
-// weights from kW4A4ExpandedWeightsMinTokens.
+// The token tile that serves M tokens: the smallest that holds them (128 beyond), on expanded weights from
+// kW4A4ExpandedWeightsMinTokens (where W4A4LaunchShapeIndex may widen it; the workspace and stream-K follow
+// from this one).
 constexpr int W4A4ShapeIndexForTokens(int64_t m) {
-  if (m >= kW4A4ExpandedWeightsMinTokens) return kW4A4ShapeCount - 1;
-  for (int i = 0; i + 2 < kW4A4ShapeCount; ++i) {
+  if (m >= kW4A4ExpandedWeightsMinTokens) return kW4A4ExpandedShape;
+  for (int i = 0; i + 1 < kW4A4ExpandedShape; ++i) {
     if (m <= kW4A4Shapes[i].tile_m) return i;
   }
-  return kW4A4ShapeCount - 2;
+  return kW4A4ExpandedShape - 1;
 }
-static_assert(kW4A4Shapes[kW4A4ShapeCount - 1].expanded_weights && kW4A4Shapes[kW4A4ShapeCount - 1].cluster > 1 &&
-                  kW4A4Shapes[kW4A4ShapeCount - 1].tile_m == kW4A4Shapes[kW4A4ShapeCount - 2].tile_m,
-              "the last instance is the prefill tile on expanded weights (no stream-K: its workspace is the weights)");
+static_assert(kW4A4Shapes[kW4A4ExpandedShape].expanded_weights &&
+                  kW4A4Shapes[kW4A4ExpandedWideShape].expanded_weights &&
+                  !kW4A4Shapes[kW4A4ExpandedShape - 1].expanded_weights &&
+                  kW4A4Shapes[kW4A4ExpandedShape].cluster > 1 && kW4A4Shapes[kW4A4ExpandedWideShape].cluster > 1 &&
+                  kW4A4Shapes[kW4A4ExpandedWideShape].tile_m == 2 * kW4A4Shapes[kW4A4ExpandedShape].tile_m,
+              "the last two instances are the prefill tiles on expanded weights, 128 and 256 tokens (no stream-K: "
+              "their workspace is the weights)");
+
+// Rounds of the persistent grid over an expanded-weights tile's cluster tiles: clusters of 2 CTAs, one CTA per SM,
+// so num_sms / 2 clusters at once (66 on an H200, as cudaOccupancyMaxActiveClusters says).
+constexpr int64_t W4A4PrefillRounds(int64_t m, int64_t n, const W4A4Shape& s, int num_sms) {
+  const int64_t column_groups = (n / s.tile_n + s.cluster - 1) / s.cluster;
+  const int64_t cluster_tiles = (m + s.tile_m - 1) / s.tile_m * column_groups;
+  const int64_t clusters = num_sms / s.cluster > 1 ? num_sms / s.cluster : 1;
+  return (cluster_tiles + clusters - 1) / clusters;
+}
+
+// The instance a launch runs: the token tile's, or on expanded weights the 256-token tile where its rounds of twice
+// the work take no more rounds of 128-token work than the 128-token tile's (768 x 8192 x N: 2 rounds against 3, so
+// 128 tokens). A 256-token tile streams half the weight bytes per token that a 128-token one does (session 53,
+// us, 128 -> 256 tokens: 8192³ 1398-1403 -> 1328-1337, 4096 x 3072 x 12288 402-404 -> 381-383, 4096 x 12288 x 3072
+// 422-423 -> 418-420). fp8 activations keep the 128-token tile: they promote on the ALU (their scales are fp32, no
+// scale wgmma), and the scale words beside the 256-token tile's 128 accumulator registers spilled inside its main
+// loop (136 bytes).
+constexpr int W4A4LaunchShapeIndex(int64_t m, int64_t n, int num_sms, bool fp8_activations) {
+  const int index = W4A4ShapeIndexForTokens(m);
+  if (index != kW4A4ExpandedShape || fp8_activations) return index;
+  const W4A4Shape& tile = kW4A4Shapes[kW4A4ExpandedShape];
+  const W4A4Shape& wide = kW4A4Shapes[kW4A4ExpandedWideShape];
+  const bool wide_pays = W4A4PrefillRounds(m, n, wide, num_sms) * wide.tile_m <=
+                         W4A4PrefillRounds(m, n, tile, num_sms) * tile.tile_m;
+  return wide_pays ? kW4A4ExpandedWideShape : index;
+}
 
 // ---- Stream-K (decode tiles, no cluster)
 // The persistent grid runs whole tiles in rounds; when the tiles do not divide over the CTAs (28672
