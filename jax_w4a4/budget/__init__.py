@@ -453,8 +453,7 @@ def describe_w4a4_launch(m: int, n: int, k: int, *, num_sms: int, act_format: st
     tile = w4a4_launch_tile(m, n, num_sms=num_sms, act_format=act_format)
     weights = "e4m3 weights expanded into the workspace first" if tile.expanded_weights else "int4 weights"
     return (f"w4a4_gemm M={m} N={n} K={k} {act_format} on {num_sms} SMs: {tile.tile_m}-token tile, clusters of "
-            f"{tile.cluster}, "
-            f"{weights}\n  workspace {w4a4_workspace_bytes(m, n, k, num_sms=num_sms)} bytes")
+            f"{tile.cluster}, {weights}\n  workspace {w4a4_workspace_bytes(m, n, k, num_sms=num_sms)} bytes")
 
 
 def describe_act_quant_launch(rows: int, k: int, rank: int, *, num_sms: int) -> str:
