@@ -232,7 +232,8 @@ def test_expanded_weights_give_the_register_path_bits(pair, act_format, dtype):
 
 
 # (M, N, K, rank, dtype, act_format) of the fused linear: every token tile, stream-K and whole tiles, the
-# expanded-weights prefill (its GEMM is not launched early), ranks 0 / 32 / 128, every activation format.
+# expanded-weights prefill on 128- and 256-token tiles (its GEMM is not launched early), ranks 0 / 32 / 128, every
+# activation format.
 LINEAR_CASES = [
     (1, 28672, 8192, 32, BF16, "int4"),
     (7, 3072, 1536, 128, F16, "fp8"),
@@ -243,6 +244,7 @@ LINEAR_CASES = [
     (64, 12288, 3072, 128, BF16, "fp8"),
     (200, 3072, 3072, 32, BF16, "int4"),
     (1100, 1536, 2048, 16, F16, "uint4"),
+    (1000, 4096, 1024, 32, BF16, "int4"),  # the 256-token tile (planned for ~132 SMs)
 ]
 
 
