@@ -38,6 +38,14 @@ constexpr int LaunchRegisters(int64_t threads, int64_t ctas_per_sm) {
   return r > 255 ? 255 : static_cast<int>(r);
 }
 
+// Registers per thread the computing warps of such a CTA may take (setmaxnreg.inc) once its producer warpgroup of
+// `producer_threads` has given its own down to `producer_registers` (setmaxnreg.dec): the rest of the launch pool.
+constexpr int ComputeRegistersBesideProducer(int64_t threads, int64_t ctas_per_sm, int64_t producer_threads,
+                                             int producer_registers) {
+  return static_cast<int>((LaunchRegisters(threads, ctas_per_sm) * threads - producer_registers * producer_threads) /
+                          (threads - producer_threads) / 8 * 8);
+}
+
 enum class Sharing : int {
   kPrivate = 0,    // loaded by this CTA for itself
   kMulticast = 1,  // the cluster shares it: footprint replicated, issue split, barrier expects all

@@ -392,8 +392,10 @@ def w4a4_launch_tile(m: int, n: int, *, num_sms: int, act_format: str = "int4") 
     the smallest token tile that holds the tokens (8 to 128), and on expanded weights (from
     :func:`w4a4_expanded_weights_min_tokens`) the 128-token tile, or for int4 / uint4 activations the 256-token tile
     where its rounds over the SMs are no more work (it streams half the weight bytes per token)."""
-    if act_format not in ("int4", "uint4", "fp8"):
-        raise ValueError(f"act_format must be 'int4', 'uint4' or 'fp8', got {act_format!r}")
+    from jax_w4a4 import reference  # not at import: jax_w4a4.ops imports this module
+    from jax_w4a4.ops import checks
+
+    checks.one_of("budget", "act_format", act_format, reference.ACT_FORMATS)
     out = (ctypes.c_int64 * 3)()
     _load().JaxW4a4W4A4LaunchTile(m, n, num_sms, int(act_format == "fp8"), out)
     return W4A4LaunchTile(int(out[0]), int(out[1]), bool(out[2]))
@@ -477,6 +479,7 @@ def main(argv: list[str] | None = None) -> None:
     K``, how one call of that shape is launched (planned for the GPU's SMs, or ``--num-sms``)."""
     import argparse
 
+    from jax_w4a4 import reference
     from jax_w4a4.ops import _library
 
     # --num-sms before or after the subcommand; SUPPRESS keeps a subcommand without it from resetting the other's.
@@ -493,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
     w4a4 = ops.add_parser("w4a4", parents=[sms], help="the instance of one w4a4 GEMM call")
     for name in ("m", "n", "k"):
         w4a4.add_argument(name, type=int)
-    w4a4.add_argument("--act-format", choices=("int4", "uint4", "fp8"), default="int4")
+    w4a4.add_argument("--act-format", choices=reference.ACT_FORMATS, default="int4")
     act = ops.add_parser("act_quant", parents=[sms], help="the launch plan of one act_quant call")
     act.add_argument("rows", type=int)
     act.add_argument("k", type=int)

@@ -168,9 +168,8 @@ struct Config {
   // warpgroup gives 128 of them back and the computing ones take them.
   static constexpr bool kShiftRegisters = kProducerWarpgroup && kMaxThreads == 384;
   static constexpr int kProducerRegisters = 40;
-  static constexpr int kComputeThreads = kMaxThreads - kProducerWarpgroupThreads;
-  static constexpr int kComputeRegisters = (budget::LaunchRegisters(kMaxThreads, kCtasPerSm) * kMaxThreads -
-                                            kProducerRegisters * kProducerWarpgroupThreads) / kComputeThreads / 8 * 8;
+  static constexpr int kComputeRegisters = budget::ComputeRegistersBesideProducer(
+      kMaxThreads, kCtasPerSm, kProducerWarpgroupThreads, kProducerRegisters);
   static constexpr int kBlockM = kPlan.block_m;   // tokens per CTA
   static constexpr int kTilesPerWarp = kPlan.tiles_per_warp;
   static constexpr int kWarpRows = kTilesPerWarp * kAtomRows;

@@ -261,7 +261,8 @@ constexpr int kProducerRegisters = 40;
 // setmaxnreg only moves registers inside the CTA's launch pool (budget::LaunchRegisters; an .inc beyond
 // it blocks forever), so a consumer thread gets the pool less the producers'.
 constexpr int ConsumerRegisters(int ctas_per_sm) {
-  return (budget::LaunchRegisters(kThreads, ctas_per_sm) * kThreads - kProducerRegisters * 128) / 256 / 8 * 8;
+  return budget::ComputeRegistersBesideProducer(kThreads, ctas_per_sm, kThreads - kConsumerWarps * 32,
+                                               kProducerRegisters);
 }
 static_assert(ConsumerRegisters(1) == 232 && ConsumerRegisters(2) == 96, "register split");
 constexpr int kRasterGroup = 8;        // token tiles per rasterization group
